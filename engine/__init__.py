@@ -1,0 +1,1 @@
+"""spectune's speculative-decoding inference engine (needs torch)."""

@@ -1,0 +1,293 @@
+"""The engine loop: schedule, run one iteration (prefill, plain decode or speculative
+decode), commit tokens, record what the iteration did.
+
+The gate picks the mode per decode iteration. A plain iteration is the same code an
+engine without a draft runs: one position per sequence, no draft forward.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from spectune.engine.block_manager import BlockManager, plan_blocks
+from spectune.engine.checkpoint import Checkpoint, load_checkpoint
+from spectune.engine.config import EngineConfig, InvalidConfig
+from spectune.engine.drafting import ModelDrafter, NgramDrafter
+from spectune.engine.gate import Decision, SpeculationGate
+from spectune.engine.model_runner import Feed, ModelRunner
+from spectune.engine.sampling import accept_greedy, accept_sampled, choose_tokens, probabilities
+from spectune.engine.scheduler import Scheduler
+from spectune.engine.sequence import InvalidRequest, SamplingParams, Sequence
+from spectune.engine.zoo import resolve_model
+
+CPU_KV_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """What one engine iteration did; the raw material of step metrics and the bench."""
+
+    mode: str  # prefill | plain | spec
+    batch_size: int
+    tokens: int  # tokens committed
+    seconds: float
+    draft_seconds: float = 0.0
+    explored: bool = False  # ran the mode the gate did not pick, on purpose
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(frozen=True)
+class Update:
+    seq: Sequence
+    new_tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+
+
+def _resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    name = config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    return device, getattr(torch, name)
+
+
+class LLMEngine:
+    def __init__(
+        self, config: EngineConfig, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.device, self.dtype = _resolve_device(config)
+        self.target = self._load(config.model)
+        self.draft = self._load(config.draft) if config.draft else None
+        tcfg = self.target.model.config
+        if self.draft and self.draft.model.config.vocab_size != tcfg.vocab_size:
+            raise InvalidConfig(
+                f"draft vocabulary ({self.draft.model.config.vocab_size}) differs from the "
+                f"target's ({tcfg.vocab_size})"
+            )
+        self.max_model_len = min(
+            config.max_model_len or tcfg.max_position_embeddings, tcfg.max_position_embeddings
+        )
+        self.num_blocks, self.admitted_concurrency = plan_blocks(
+            self._kv_budget(), config.block_size, self._kv_bytes_per_token(), self.max_model_len
+        )
+        blocks = BlockManager(self.num_blocks, config.block_size)
+        self.scheduler = Scheduler(blocks, config.max_batch_size, config.max_prefill_tokens)
+        self.runner = self._runner(self.target)
+        self.drafter: ModelDrafter | NgramDrafter | None = None
+        if self.draft:
+            self.drafter = ModelDrafter(self._runner(self.draft))
+        elif config.method == "ngram":
+            self.drafter = NgramDrafter(config.ngram_min, config.ngram_max)
+        self.k = config.k
+        self._rng = random.Random(config.seed)
+        self.gate = SpeculationGate(config.gate, self._rng)
+        self.iterations: deque[Iteration] = deque(maxlen=100_000)
+        self._next_id = 0
+
+    # --- construction -------------------------------------------------------------
+
+    def _load(self, name: str) -> Checkpoint:
+        return load_checkpoint(resolve_model(name), name, self.device, self.dtype)
+
+    def _kv_bytes_per_token(self) -> list[int]:
+        size = torch.finfo(self.dtype).bits // 8
+        models = [self.target] + ([self.draft] if self.draft else [])
+        return [m.model.config.kv_bytes_per_token * size for m in models]
+
+    def _kv_budget(self) -> int:
+        if self.config.kv_cache_bytes is not None:
+            return self.config.kv_cache_bytes
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.85)
+        return CPU_KV_BYTES
+
+    def _runner(self, ckpt: Checkpoint) -> ModelRunner:
+        return ModelRunner(
+            ckpt.model,
+            self.num_blocks,
+            self.config.block_size,
+            self.max_model_len,
+            self.config.cuda_graphs,
+        )
+
+    # --- requests -----------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Validate and queue a request. Raises InvalidRequest and changes nothing on bad input."""
+        ids = self.tokenizer.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidRequest("prompt is empty")
+        vocab = self.target.model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise InvalidRequest(f"prompt token ids must lie in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequest(
+                f"prompt has {len(ids)} tokens; the context holds {self.max_model_len} "
+                "including at least one generated token"
+            )
+        capacity = (self.num_blocks - 1) * self.config.block_size
+        need = min(len(ids) + params.max_tokens, self.max_model_len) + self.k
+        if need > capacity:
+            raise InvalidRequest(f"request needs {need} KV slots; the whole cache holds {capacity}")
+        generator = None
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        seq = Sequence(self._next_id, ids, len(ids), params, generator)
+        self._next_id += 1
+        self.scheduler.add(seq)
+        return seq
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- one iteration ------------------------------------------------------------
+
+    def step(self) -> list[Update]:
+        start = self.clock()
+        seqs = self.scheduler.schedule_prefill()
+        if seqs:
+            updates, record = self._prefill(seqs)
+        elif self.scheduler.running:
+            decision = (
+                self.gate.decide(len(self.scheduler.running))
+                if self.drafter
+                else Decision(False, False)
+            )
+            seqs = self.scheduler.schedule_decode(lookahead=self.k if decision.speculate else 0)
+            if not seqs:
+                return []
+            if decision.speculate:
+                updates, record = self._speculate(seqs)
+            else:
+                updates, record = self._decode(seqs)
+            record["explored"] = decision.explored
+        else:
+            return []
+        self.iterations.append(Iteration(seconds=self.clock() - start, **record))
+        return updates
+
+    def _prefill(self, seqs: list[Sequence]) -> tuple[list[Update], dict]:
+        fresh = [s for s in seqs if not s.is_resumed]
+        feeds = [Feed(s.token_ids[: self.scheduler.prefill_len(s)], 0, s.block_table) for s in seqs]
+        logits = self.runner.forward(feeds, all_logits=False)[:, 0]
+        rows = [i for i, s in enumerate(seqs) if not s.is_resumed]
+        tokens, _ = choose_tokens(
+            logits[rows], [s.params.temperature for s in fresh], [s.generator for s in fresh]
+        )
+        updates = [self._commit(s, [t]) for s, t in zip(fresh, tokens, strict=True)]
+        return updates, {"mode": "prefill", "batch_size": len(seqs), "tokens": len(fresh)}
+
+    def _decode(self, seqs: list[Sequence]) -> tuple[list[Update], dict]:
+        feeds = [Feed([s.token_ids[-1]], len(s) - 1, s.block_table) for s in seqs]
+        logits = self.runner.forward(feeds, all_logits=False)[:, 0]
+        tokens, _ = choose_tokens(
+            logits, [s.params.temperature for s in seqs], [s.generator for s in seqs]
+        )
+        updates = [self._commit(s, [t]) for s, t in zip(seqs, tokens, strict=True)]
+        return updates, {"mode": "plain", "batch_size": len(seqs), "tokens": len(seqs)}
+
+    def _draft_len(self, seq: Sequence) -> int:
+        if seq.paused_iterations > 0:
+            seq.paused_iterations -= 1
+            return 0
+        return max(0, min(self.k, seq.remaining - 1, self.max_model_len - len(seq) - 1))
+
+    def _speculate(self, seqs: list[Sequence]) -> tuple[list[Update], dict]:
+        """Draft, verify k+1 positions per sequence in one target forward, accept."""
+        assert self.drafter is not None
+        t0 = self.clock()
+        drafts = self.drafter.propose(seqs, [self._draft_len(s) for s in seqs])
+        draft_seconds = self.clock() - t0
+        feeds = [
+            Feed([s.token_ids[-1], *d.tokens], len(s) - 1, s.block_table)
+            for s, d in zip(seqs, drafts, strict=True)
+        ]
+        logits = self.runner.forward(feeds, all_logits=True)  # [B, 1 + max k, V]
+        choice = logits.argmax(-1).tolist()
+        updates, drafted, accepted = [], 0, 0
+        for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)):
+            n = len(d.tokens)
+            if s.params.temperature == 0:
+                new, acc = accept_greedy(choice[i][: n + 1], d.tokens)
+            else:
+                p = probabilities(logits[i, : n + 1], s.params.temperature)
+                new, acc = accept_sampled(p, d.probs, d.tokens, s.generator)
+            s.draft_cached = min(
+                s.draft_cached, len(s) + acc
+            )  # draft KV past the accepted prefix is stale
+            if n:
+                self._track_acceptance(s, acc / n)
+            drafted, accepted = drafted + n, accepted + acc
+            updates.append(self._commit(s, new))
+        record = {
+            "mode": "spec",
+            "batch_size": len(seqs),
+            "tokens": sum(len(u.new_tokens) for u in updates),
+            "draft_seconds": draft_seconds,
+            "drafted": drafted,
+            "accepted": accepted,
+        }
+        return updates, record
+
+    def _track_acceptance(self, seq: Sequence, rate: float) -> None:
+        seq.acceptance = 0.7 * seq.acceptance + 0.3 * rate
+        if seq.acceptance < self.config.min_acceptance:
+            seq.paused_iterations = self.config.pause_iterations
+            seq.acceptance = 0.5  # a neutral prior for the retry
+
+    def _commit(self, seq: Sequence, tokens: list[int]) -> Update:
+        """Append tokens up to the first stop, the max_tokens limit or the context end."""
+        room = min(seq.remaining, self.max_model_len - len(seq))
+        eos = frozenset() if seq.params.ignore_eos else self.target.eos_token_ids
+        taken: list[int] = []
+        reason = None
+        for t in tokens[:room]:
+            taken.append(t)
+            if t in eos:
+                reason = "stop"
+                break
+        seq.token_ids.extend(taken)
+        if reason is None and (seq.remaining == 0 or len(seq) >= self.max_model_len):
+            reason = "length"
+        if reason:
+            self.scheduler.finish(seq, reason)
+        return Update(seq, taken)
+
+    # --- convenience --------------------------------------------------------------
+
+    def generate(
+        self, prompts: Iterable[str | list[int]], params: SamplingParams
+    ) -> list[Completion]:
+        """Run prompts to completion together (continuous batching) and return them in order."""
+        seqs = [self.add_request(p, params) for p in prompts]
+        while self.has_work():
+            self.step()
+        return [
+            Completion(
+                self.tokenizer.decode(s.output_ids),
+                s.output_ids,
+                s.prompt_len,
+                s.finish_reason or "",
+            )
+            for s in seqs
+        ]

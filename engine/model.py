@@ -1,0 +1,271 @@
+"""Llama-architecture decoder (Llama and Qwen2 families) over a paged KV cache.
+
+One file you can read in one sitting: RMSNorm, rotary embeddings, grouped-query
+attention and a SwiGLU MLP. q/k/v and gate/up are fused into one matmul each (fewer,
+larger kernels); the checkpoint module splits and joins them at the HF boundary.
+
+Attention has two paths: `cache=None` is plain causal attention over the given tokens
+(training, reference); otherwise new K/V are written into a paged cache at absolute
+slots and every query attends to its sequence's slots, so a rejected draft needs no
+rollback: the next write to that position overwrites it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class UnsupportedArchitecture(ValueError):
+    """The checkpoint is not a Llama/Qwen2-style decoder this engine can run."""
+
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, float], ...] | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> ModelConfig:
+        """Read an HF config.json dict; reject what the model below does not implement."""
+        arch = (hf.get("architectures") or ["?"])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedArchitecture(
+                f"architecture {arch!r} is not supported (supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        if hf.get("use_sliding_window") or hf.get("mlp_bias"):
+            raise UnsupportedArchitecture(
+                "sliding-window attention and MLP biases are not supported"
+            )
+        # transformers >= 5 writes rope_parameters (theta inside); older checkpoints
+        # have rope_theta and rope_scaling at the top level.
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "llama3"):
+            raise UnsupportedArchitecture(f"rope type {rope_type!r} is not supported")
+        scaling = rope if rope_type == "llama3" else None
+        heads = hf["num_attention_heads"]
+        is_qwen2 = arch == "Qwen2ForCausalLM"
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+            rope_scaling=tuple(sorted((k, v) for k, v in scaling.items() if k in _LLAMA3_KEYS))
+            if scaling
+            else None,
+            qkv_bias=is_qwen2 or bool(hf.get("attention_bias")),
+            o_bias=not is_qwen2 and bool(hf.get("attention_bias")),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        )
+
+    def to_hf(self) -> dict:
+        """The config.json of a Llama checkpoint that transformers loads unchanged."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "attention_bias": self.qkv_bias,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+            "torch_dtype": "float32",
+        }
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token across all layers, in elements (multiply by dtype size)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def rope_inv_freq(cfg: ModelConfig) -> Tensor:
+    """Rotary frequencies, with Llama 3's long-context rescaling when configured."""
+    inv = 1.0 / cfg.rope_theta ** (
+        torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim
+    )
+    if cfg.rope_scaling is None:
+        return inv.float()
+    s = dict(cfg.rope_scaling)
+    old_len, factor = s["original_max_position_embeddings"], s["factor"]
+    low_wavelen = old_len / s["low_freq_factor"]
+    high_wavelen = old_len / s["high_freq_factor"]
+    wavelen = 2 * math.pi / inv
+    smooth = (old_len / wavelen - s["low_freq_factor"]) / (
+        s["high_freq_factor"] - s["low_freq_factor"]
+    )
+    blended = (1 - smooth) * inv / factor + smooth * inv
+    out = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    out = torch.where((wavelen <= low_wavelen) & (wavelen >= high_wavelen), blended, out)
+    return out.float()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+@dataclass
+class PagedBatch:
+    """Device tensors describing where a padded batch of queries reads and writes KV.
+
+    slot_mapping: [B, L] cache slot each new token's K/V goes to (pads go to slot 0,
+    a scratch slot no sequence owns). key_slots: [B, S] the slots each sequence may
+    attend to, in position order. mask: [B, 1, L, S] causal and length mask.
+    """
+
+    slot_mapping: Tensor
+    key_slots: Tensor
+    mask: Tensor
+
+
+KVCache = tuple[Tensor, Tensor]  # each [num_slots, num_kv_heads, head_dim]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.h, self.kv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, (self.h + 2 * self.kv) * self.d, bias=cfg.qkv_bias
+        )
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, paged: PagedBatch | None
+    ) -> Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv_proj(x).split([self.h * self.d, self.kv * self.d, self.kv * self.d], -1)
+        q = q.view(b, n, self.h, self.d)
+        k = k.view(b, n, self.kv, self.d)
+        v = v.view(b, n, self.kv, self.d)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is None or paged is None:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
+                enable_gqa=True,
+            )
+        else:
+            k_cache, v_cache = cache
+            slots = paged.slot_mapping.reshape(-1)
+            k_cache.index_copy_(0, slots, k.reshape(-1, self.kv, self.d))
+            v_cache.index_copy_(0, slots, v.reshape(-1, self.kv, self.d))
+            keys = k_cache[paged.key_slots].transpose(1, 2)  # [B, kv, S, d]
+            values = v_cache[paged.key_slots].transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=paged.mask, enable_gqa=True
+            )
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.h * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, paged: PagedBatch | None
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, paged)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        caches: list[KVCache] | None = None,
+        paged: PagedBatch | None = None,
+        logits_index: Tensor | None = None,
+    ) -> Tensor:
+        """input_ids, positions: [B, L]. logits_index: [B, M] positions to score (default all).
+
+        Returns logits [B, M, vocab] in float32.
+        """
+        x = self.embed_tokens(input_ids)
+        freqs = positions.unsqueeze(-1).float() * self.inv_freq  # [B, L, d/2]
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(2)  # [B, L, 1, d]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, caches[i] if caches is not None else None, paged)
+        if logits_index is not None:
+            x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return self.lm_head(self.norm(x)).float()

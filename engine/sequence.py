@@ -1,0 +1,71 @@
+"""One request's state: its tokens, where its KV lives, and how well drafts do for it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses (bad parameters, prompt over the context)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise InvalidRequest(f"temperature must be in [0, 100], got {self.temperature}")
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Committed tokens t_0..t_{L-1}. Target KV is valid for positions < L-1 while running:
+    the last token is fed by the next iteration. `draft_cached` counts the draft's valid
+    positions, which lag while speculation is off and catch up when it resumes."""
+
+    seq_id: int
+    token_ids: list[int]
+    prompt_len: int
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    status: Status = Status.WAITING
+    block_table: list[int] = field(default_factory=list)
+    draft_cached: int = 0
+    finish_reason: str | None = None
+    acceptance: float = 0.5  # EMA of accepted/drafted for this sequence
+    paused_iterations: int = 0  # speculation is off for this sequence while > 0
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - self.num_output
+
+    @property
+    def is_resumed(self) -> bool:
+        """Preempted after producing tokens: its prefill recomputes KV without sampling."""
+        return self.num_output > 0

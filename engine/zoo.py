@@ -1,0 +1,37 @@
+"""Built-in model names (tiny-*, bench-*) and where their checkpoints live.
+
+Nothing can be downloaded, so the project trains its own pairs (see `training`). The
+names resolve wherever a model path is accepted, and are built on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from spectune.engine.checkpoint import ModelNotFound
+
+SIZES = {"tiny": ("tiny-target", "tiny-draft"), "bench": ("bench-target", "bench-draft")}
+BUILTIN = {name: size for size, names in SIZES.items() for name in names}
+
+
+def cache_dir() -> Path:
+    """$SPECTUNE_CACHE, else .cache/models in the working directory (ignored by git)."""
+    return Path(os.environ.get("SPECTUNE_CACHE", ".cache/models")).resolve()
+
+
+def resolve_model(name: str) -> Path:
+    """A checkpoint directory for `name`: a built-in name (built if missing) or a path."""
+    if name in BUILTIN:
+        path = cache_dir() / name
+        if not (path / "config.json").is_file():
+            from spectune.engine.training import build_pair
+
+            build_pair(BUILTIN[name], cache_dir())
+        return path
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise ModelNotFound(
+            f"model {name!r}: no such directory, and not a built-in name ({', '.join(BUILTIN)})"
+        )
+    return path

@@ -1,0 +1,1 @@
+"""The spectune operator: reconciles SpecDeployments and tunes their speculation threshold."""

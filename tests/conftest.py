@@ -1,0 +1,16 @@
+"""Shared fixtures: the project's own tiny model pair, built once and cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_pair() -> tuple[Path, Path]:
+    """(target, draft) checkpoint directories; trained on first use (a few minutes, cached)."""
+    pytest.importorskip("torch", reason="the engine extra is not installed")
+    from spectune.engine.zoo import resolve_model
+
+    return resolve_model("tiny-target"), resolve_model("tiny-draft")

@@ -1,0 +1,26 @@
+"""Varied prompts for engine tests: code, prose, repetitive text, different lengths."""
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "import os\nimport sys\n\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(",
+    "# Copyright 2001 Python Software Foundation\n",
+    "    return self._",
+    "if __name__ == '__main__':\n",
+    'def parse(text: str) -> dict:\n    """Parse the text into a dict."""\n',
+    "x = 1\ny = 2\nz = x + y\nx = 1\ny = 2\nz = ",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "try:\n    import threading\nexcept ImportError:\n",
+    "        raise ValueError('",
+    "a",
+    "\n\n",
+    "def __repr__(self):\n        return '%s(%r)' % (self.__class__.__name__, ",
+    "    @property\n    def name(self):\n        return self._name\n\n    @property\n    def ",
+    "with open(filename, 'rb') as f:\n    data = f.read()\n",
+    "lambda x: x",
+    "__all__ = ['open', 'close', 'read', 'write', 'seek', 'tell', 'flush', 'open', 'close', ",
+    "while True:\n    line = sys.stdin.readline()\n    if not line:\n        break\n",
+    "def test_something(self):\n        self.assertEqual(",
+    "    def __init__(self, *args, **kwargs):\n        super().__init__(*args, **kwargs)\n" * 3,
+]

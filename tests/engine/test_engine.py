@@ -1,0 +1,125 @@
+"""Engine behaviour on the tiny pair: the gate in the loop, memory, bad input, sampling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spectune.engine.checkpoint import ModelNotFound
+from spectune.engine.config import EngineConfig, InvalidConfig
+from spectune.engine.engine import LLMEngine
+from spectune.engine.gate import GateSettings
+from spectune.engine.model import UnsupportedArchitecture
+from spectune.engine.sequence import InvalidRequest, SamplingParams
+
+from .prompts import PROMPTS
+
+
+def engine(tiny_pair: tuple[Path, Path], **kw: object) -> LLMEngine:
+    target, draft = tiny_pair
+    return LLMEngine(EngineConfig(model=str(target), draft=str(draft), device="cpu", **kw))
+
+
+def test_gate_speculates_only_below_threshold_in_the_engine(tiny_pair) -> None:
+    eng = engine(tiny_pair, gate=GateSettings(threshold=4), max_batch_size=16)
+    # Different lengths: the batch shrinks from 12 to 1 as requests finish.
+    for i, prompt in enumerate(PROMPTS[:12]):
+        eng.add_request(prompt, SamplingParams(max_tokens=4 + 6 * i, ignore_eos=True))
+    while eng.has_work():
+        eng.step()
+    decode = [it for it in eng.iterations if it.mode != "prefill"]
+    assert {it.mode for it in decode} == {"spec", "plain"}
+    assert all(it.batch_size < 4 for it in decode if it.mode == "spec")
+    assert any(it.batch_size >= 4 for it in decode if it.mode == "plain")
+
+
+def test_threshold_change_applies_at_the_next_iteration_and_gated_off_skips_the_draft(
+    tiny_pair,
+) -> None:
+    eng = engine(tiny_pair)
+    seqs = [
+        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True)) for p in PROMPTS[:3]
+    ]
+    for _ in range(4):
+        eng.step()
+    assert eng.iterations[-1].mode == "spec"
+    eng.gate.settings = GateSettings(threshold=0)
+    cached = [s.draft_cached for s in seqs]
+    eng.step()
+    assert eng.iterations[-1].mode == "plain"
+    assert eng.iterations[-1].drafted == 0 and eng.iterations[-1].draft_seconds == 0.0
+    for _ in range(5):
+        eng.step()
+    assert [s.draft_cached for s in seqs] == cached  # the draft model never ran
+    eng.gate.settings = GateSettings(threshold=None)
+    eng.step()
+    assert eng.iterations[-1].mode == "spec"
+    # Caught up in one forward: the draft has seen all but the last one or two tokens
+    # (the newest is fed next time; an accepted k-th draft was never fed to it).
+    assert all(s.draft_cached >= len(s) - 2 for s in seqs)
+
+
+def test_exploration_is_recorded_per_iteration(tiny_pair) -> None:
+    eng = engine(tiny_pair, gate=GateSettings(threshold=64, exploration=0.3), seed=3)
+    eng.generate(PROMPTS[:4], SamplingParams(max_tokens=60, ignore_eos=True))
+    decode = [it for it in eng.iterations if it.mode != "prefill"]
+    explored = [it for it in decode if it.explored]
+    assert explored and all(it.mode == "plain" for it in explored)
+    assert all(it.seconds > 0 and it.tokens >= it.batch_size for it in decode)
+
+
+def test_admitted_concurrency_drops_by_the_drafts_kv_share(tiny_pair) -> None:
+    budget = 64 << 20
+    plain = LLMEngine(
+        EngineConfig(model=str(tiny_pair[0]), device="cpu", kv_cache_bytes=budget, max_model_len=64)
+    )
+    spec = engine(tiny_pair, kv_cache_bytes=budget, max_model_len=64)
+    t = plain.target.model.config.kv_bytes_per_token
+    d = spec.draft.model.config.kv_bytes_per_token
+    assert spec.admitted_concurrency < plain.admitted_concurrency
+    ratio = spec.admitted_concurrency / plain.admitted_concurrency
+    assert ratio == pytest.approx(t / (t + d), rel=0.05)
+
+
+def test_sampling_is_reproducible_with_a_seed_and_uses_the_seed(tiny_pair) -> None:
+    def sample(seed: int) -> list[int]:
+        eng = engine(tiny_pair)
+        params = SamplingParams(max_tokens=40, temperature=0.9, seed=seed, ignore_eos=True)
+        return eng.generate(PROMPTS[:3], params)[1].token_ids
+
+    assert sample(1) == sample(1)
+    assert sample(1) != sample(2)
+
+
+def test_built_draft_acceptance_is_realistic(tiny_pair) -> None:
+    report = json.loads((tiny_pair[1] / "build.json").read_text())
+    assert 0.5 <= report["acceptance_rate_k4_held_out"] <= 0.85
+
+
+def test_bad_input_gives_clear_errors_and_the_engine_keeps_serving(tiny_pair, tmp_path) -> None:
+    with pytest.raises(ModelNotFound, match="no such directory"):
+        LLMEngine(EngineConfig(model=str(tmp_path / "missing"), device="cpu"))
+    bad = tmp_path / "gpt2"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    (bad / "tokenizer.json").write_text((tiny_pair[0] / "tokenizer.json").read_text())
+    with pytest.raises(UnsupportedArchitecture, match="GPT2LMHeadModel"):
+        LLMEngine(EngineConfig(model=str(bad), device="cpu"))
+    with pytest.raises(InvalidConfig, match="k must be at least 1"):
+        EngineConfig(model=str(tiny_pair[0]), draft=str(tiny_pair[1]), k=0)
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+    eng = engine(tiny_pair)
+    running = eng.add_request(PROMPTS[0], SamplingParams(max_tokens=30, ignore_eos=True))
+    eng.step()
+    with pytest.raises(InvalidRequest, match="context holds"):
+        eng.add_request("x" * eng.max_model_len, SamplingParams())
+    with pytest.raises(InvalidRequest, match="empty"):
+        eng.add_request("", SamplingParams())
+    while eng.has_work():
+        eng.step()
+    assert running.finish_reason == "length" and running.num_output == 30
+    assert eng.generate(["def f():"], SamplingParams(max_tokens=5))[0].token_ids
