@@ -28,6 +28,16 @@ class Checkpoint:
     eos_token_ids: frozenset[int]
     name: str
     path: Path
+    chat_template: str | None = None
+
+
+def _chat_template(path: Path) -> str | None:
+    """tokenizer_config.json's template: a string, or a list of named ones ("default")."""
+    template = _read_json(path / "tokenizer_config.json").get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
 
 
 def _read_json(path: Path) -> dict:

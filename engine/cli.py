@@ -34,6 +34,37 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
 
+    serve = sub.add_parser(
+        "serve", help="run the OpenAI-compatible server (settings: file < env < flags)"
+    )
+    serve.add_argument(
+        "--config", dest="config_file", help="YAML settings file, watched for changes"
+    )
+    serve.add_argument("--model")
+    serve.add_argument("--draft")
+    serve.add_argument("--method", choices=(*METHODS, "auto"))
+    serve.add_argument("--k", type=int)
+    serve.add_argument("--threshold", type=int, help="batch size at/above which speculation is off")
+    serve.add_argument("--hysteresis", type=float)
+    serve.add_argument(
+        "--exploration", type=float, help="share of iterations run in the other mode"
+    )
+    serve.add_argument("--ttft-ms", type=int, help="SLO target for time to first token")
+    serve.add_argument("--tpot-ms", type=int, help="SLO target for mean time per output token")
+    serve.add_argument("--max-batch-size", type=int)
+    serve.add_argument("--max-queue", type=int, help="requests waiting for admission before 429")
+    serve.add_argument("--max-model-len", type=int)
+    serve.add_argument("--kv-cache-bytes", type=int)
+    serve.add_argument("--device")
+    serve.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--admin-token-file", help="file holding the admin bearer token (a Secret)")
+    serve.add_argument(
+        "--drain-timeout-s", type=float, help="SIGTERM: wait this long for running requests"
+    )
+    serve.add_argument("--seed", type=int)
+
     models = sub.add_parser("models", help="the project's own model pairs")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     build = models_sub.add_parser("build", help="train a target and its distilled draft (cached)")
@@ -95,10 +126,38 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from spectune.engine.serve_settings import load_settings
+    from spectune.engine.server import create_app
+
+    flags = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    settings = load_settings(flags)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    shown = settings.model_dump(mode="json", exclude={"admin_token_file"})
+    logging.getLogger("spectune.engine").info("settings: %s", json.dumps(shown))
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+    )
+    return 0
+
+
+COMMANDS = {"generate": _generate, "serve": _serve, "models": _build}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _generate(args) if args.command == "generate" else _build(args)
+        return COMMANDS[args.command](args)
     except USER_ERRORS as err:
         print(f"spectune-engine: error: {err}", file=sys.stderr)
         return 2

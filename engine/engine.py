@@ -39,6 +39,7 @@ class Iteration:
     seconds: float
     draft_seconds: float = 0.0
     explored: bool = False  # ran the mode the gate did not pick, on purpose
+    drafts: int = 0  # sequences that got a draft
     drafted: int = 0
     accepted: int = 0
 
@@ -160,6 +161,15 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request (client gone, stop string hit); its blocks return at once."""
+        self.scheduler.abort(seq)
+
+    @property
+    def kv_usage(self) -> float:
+        blocks = self.scheduler.blocks
+        return 1 - blocks.num_free / blocks.usable_blocks
+
     # --- one iteration ------------------------------------------------------------
 
     def step(self) -> list[Update]:
@@ -225,6 +235,7 @@ class LLMEngine:
         logits = self.runner.forward(feeds, all_logits=True)  # [B, 1 + max k, V]
         choice = logits.argmax(-1).tolist()
         updates, drafted, accepted = [], 0, 0
+        drafting = sum(1 for d in drafts if d.tokens)
         for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)):
             n = len(d.tokens)
             if s.params.temperature == 0:
@@ -244,6 +255,7 @@ class LLMEngine:
             "batch_size": len(seqs),
             "tokens": sum(len(u.new_tokens) for u in updates),
             "draft_seconds": draft_seconds,
+            "drafts": drafting,
             "drafted": drafted,
             "accepted": accepted,
         }

@@ -76,6 +76,12 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def abort(self, seq: Sequence) -> None:
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is Status.RUNNING:
+            self.finish(seq, "abort")
+
     def finish(self, seq: Sequence, reason: str) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)

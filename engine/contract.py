@@ -1,0 +1,53 @@
+"""The metric contract between engine, Prometheus and operator. Torch-free: the operator
+imports it too, so a name or a bucket is defined exactly once.
+
+Speculation counters mean what vLLM's `spec_decode_num_drafts`, `..._num_draft_tokens`
+and `..._num_accepted_tokens` mean. Per (mode, batch bucket),
+rate(STEP_OUTPUT_TOKENS) / rate(STEP_SECONDS_sum) is that mode's throughput at that
+batch size; the crossover is where spec/plain crosses 1.0.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+PREFIX = "spectune_"
+
+REQUESTS = "spectune_requests_total"  # counter, label outcome
+REQUESTS_SLO_MET = "spectune_requests_slo_met_total"  # counter: goodput = rate()
+TIME_TO_FIRST_TOKEN = "spectune_time_to_first_token_seconds"  # histogram
+INTER_TOKEN_LATENCY = "spectune_inter_token_latency_seconds"  # histogram
+E2E_REQUEST_LATENCY = "spectune_e2e_request_latency_seconds"  # histogram
+NUM_REQUESTS_RUNNING = "spectune_num_requests_running"  # gauge
+NUM_REQUESTS_WAITING = "spectune_num_requests_waiting"  # gauge
+KV_CACHE_USAGE = "spectune_kv_cache_usage_ratio"  # gauge: target+draft blocks in use / total
+ADMITTED_CONCURRENCY = "spectune_admitted_concurrency_limit"  # gauge
+STEP_SECONDS = "spectune_step_seconds"  # histogram, labels mode, batch
+STEP_OUTPUT_TOKENS = "spectune_step_output_tokens_total"  # counter, labels mode, batch
+DRAFT_SECONDS = "spectune_draft_seconds_total"  # counter, label batch
+SPEC_DRAFTS = "spectune_spec_drafts_total"  # counter
+SPEC_DRAFT_TOKENS = "spectune_spec_draft_tokens_total"  # counter
+SPEC_ACCEPTED_TOKENS = "spectune_spec_accepted_tokens_total"  # counter
+SPEC_THRESHOLD = "spectune_spec_threshold"  # gauge: +Inf when unset (always speculate)
+SPEC_EXPLORATION_RATIO = "spectune_spec_exploration_ratio"  # gauge
+ENGINE_INFO = "spectune_engine_info"  # gauge = 1, labels device, model, draft, version
+
+ALL_METRICS = (
+    REQUESTS, REQUESTS_SLO_MET, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY,
+    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, ADMITTED_CONCURRENCY,
+    STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS,
+    SPEC_ACCEPTED_TOKENS, SPEC_THRESHOLD, SPEC_EXPLORATION_RATIO, ENGINE_INFO,
+)  # fmt: skip
+
+OUTCOMES = ("ok", "error", "rejected")
+MODES = ("spec", "plain")
+
+# About sqrt(2) apart so the crossover is located to within one bucket.
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def batch_bucket(batch_size: int) -> int:
+    """The bucket a batch size is counted in: the largest boundary not above it."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    return BATCH_BUCKETS[bisect.bisect_right(BATCH_BUCKETS, batch_size) - 1]

@@ -1,0 +1,238 @@
+"""The engine on its own thread, and the bridge to asyncio request handlers.
+
+Only the loop thread touches the engine. Handlers send it commands (add a request,
+cancel one, change speculation settings) that run between iterations, so a settings
+change is atomic and takes effect at the next iteration. Token deltas travel back on
+per-request asyncio queues. All per-request accounting (latencies, SLO, outcome)
+happens here, where the times are known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from spectune.engine.engine import Iteration, LLMEngine
+from spectune.engine.metrics import EngineMetrics, RequestTiming
+from spectune.engine.sequence import SamplingParams, Sequence
+from spectune.engine.serve_settings import SloSettings, SpeculationSettings
+
+log = logging.getLogger("spectune.engine")
+
+
+class Overloaded(Exception):
+    """The admission queue is full."""
+
+
+class Draining(Exception):
+    """The server is shutting down and admits nothing new."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    tokens: list[int]
+    finish_reason: str | None  # stop | length | error
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """One request as its handler sees it: deltas arrive on `deltas` in order."""
+
+    seq: Sequence
+    deltas: asyncio.Queue[Delta]
+    submitted_at: float
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    output_tokens: int = 0
+    done: bool = field(default=False)
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        metrics: EngineMetrics,
+        speculation: SpeculationSettings,
+        slo: SloSettings,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.speculation = speculation
+        self.slo = slo
+        self.max_queue = max_queue
+        self.clock = clock
+        self.accepting = True
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._streams: dict[int, RequestStream] = {}
+        self._submitting = 0
+        self._aio: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._last_iteration: Iteration | None = None
+
+    # --- called from the asyncio side -------------------------------------------------
+
+    def start(self, aio: asyncio.AbstractEventLoop) -> None:
+        self._aio = aio
+        self._apply(self.speculation)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    @property
+    def queued(self) -> int:
+        return len(self.engine.scheduler.waiting) + self._submitting
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the loop thread between iterations and return its result."""
+        future: Future = Future()
+        self._commands.put((fn, future))
+        self._wake.set()
+        return await asyncio.wrap_future(future)
+
+    async def submit(self, prompt: list[int], params: SamplingParams) -> RequestStream:
+        """Queue a request; raises Draining, Overloaded or the engine's InvalidRequest."""
+        if not self.accepting:
+            self.metrics.observe_request(None, "rejected", False)
+            raise Draining("the server is shutting down")
+        if self.queued >= self.max_queue:
+            self.metrics.observe_request(None, "rejected", False)
+            raise Overloaded(f"admission queue is full ({self.max_queue} waiting)")
+        self._submitting += 1
+        try:
+            return await self.call(lambda: self._add(prompt, params))
+        finally:
+            self._submitting -= 1
+
+    async def cancel(self, stream: RequestStream, outcome: str) -> None:
+        """End a request early: a stop string matched (ok) or the client went away (error)."""
+        await self.call(lambda: self._end(stream, outcome))
+
+    async def set_speculation(self, settings: SpeculationSettings) -> None:
+        await self.call(lambda: self._apply(settings))
+
+    async def drain(self, timeout: float) -> None:
+        """Admit nothing new; wait up to `timeout` s for running requests, then end the rest."""
+        self.accepting = False
+        deadline = self.clock() + timeout
+        while self._streams and self.clock() < deadline:
+            await asyncio.sleep(0.05)
+        for stream in list(self._streams.values()):
+            await self.call(lambda s=stream: self._fail(s, "the server shut down before finishing"))
+
+    # --- the loop thread ---------------------------------------------------------------
+
+    def _add(self, prompt: list[int], params: SamplingParams) -> RequestStream:
+        seq = self.engine.add_request(prompt, params)
+        stream = RequestStream(seq, asyncio.Queue(), self.clock())
+        self._streams[seq.seq_id] = stream
+        return stream
+
+    def _apply(self, settings: SpeculationSettings) -> None:
+        self.engine.gate.settings = settings.gate()
+        self.engine.k = settings.k
+        self.speculation = settings
+        self.metrics.set_speculation(settings.threshold, settings.exploration)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._run_commands()
+            if not self.engine.has_work():
+                self._publish_state()
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                self._step()
+            except Exception as err:
+                log.exception("engine iteration failed; failing its requests")
+                for stream in list(self._streams.values()):
+                    self._fail(stream, f"engine error: {err}")
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                future.set_result(fn())
+            except Exception as err:
+                future.set_exception(err)
+
+    def _step(self) -> None:
+        updates = self.engine.step()
+        now = self.clock()
+        iteration = self.engine.iterations[-1] if self.engine.iterations else None
+        if iteration is not None and iteration is not self._last_iteration:
+            self._last_iteration = iteration
+            self.metrics.observe_iteration(iteration)
+        for update in updates:
+            stream = self._streams.get(update.seq.seq_id)
+            if stream is None or not update.new_tokens:
+                continue
+            if stream.last_token_at is None:
+                stream.first_token_at = now
+            else:
+                self.metrics.observe_tokens(now - stream.last_token_at, len(update.new_tokens))
+            stream.last_token_at = now
+            stream.output_tokens += len(update.new_tokens)
+            self._send(stream, Delta(update.new_tokens, update.seq.finish_reason))
+            if update.seq.finish_reason:
+                self._account(stream, "ok")
+        self._publish_state()
+
+    def _send(self, stream: RequestStream, delta: Delta) -> None:
+        assert self._aio is not None
+        self._aio.call_soon_threadsafe(stream.deltas.put_nowait, delta)
+
+    def _end(self, stream: RequestStream, outcome: str) -> None:
+        if not stream.done:
+            self.engine.abort(stream.seq)
+            self._account(stream, outcome)
+
+    def _fail(self, stream: RequestStream, message: str) -> None:
+        if not stream.done:
+            self.engine.abort(stream.seq)
+            self._send(stream, Delta([], "error", message))
+            self._account(stream, "error")
+
+    def _account(self, stream: RequestStream, outcome: str) -> None:
+        stream.done = True
+        self._streams.pop(stream.seq.seq_id, None)
+        timing = None
+        if stream.first_token_at is not None:
+            timing = RequestTiming(
+                ttft=stream.first_token_at - stream.submitted_at,
+                e2e=self.clock() - stream.submitted_at,
+                output_tokens=stream.output_tokens,
+            )
+        met = (
+            outcome == "ok"
+            and timing is not None
+            and timing.meets(self.slo.ttft_ms / 1e3, self.slo.tpot_ms / 1e3)
+        )
+        self.metrics.observe_request(timing, outcome, met)
+
+    def _publish_state(self) -> None:
+        sched = self.engine.scheduler
+        self.metrics.set_state(
+            len(sched.running),
+            len(sched.waiting),
+            self.engine.kv_usage,
+            self.engine.admitted_concurrency,
+        )

@@ -1,0 +1,133 @@
+"""Prometheus collectors for the metric contract, fed by iteration records and finished
+requests. One registry per server, so tests can run several servers in one process."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from spectune.engine import contract as c
+from spectune.engine.engine import Iteration
+
+disable_created_metrics()  # the *_created series only double the scrape size
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                   2.5, 5.0, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.024, 0.032, 0.048,
+                0.064, 0.096, 0.128, 0.192, 0.256, 0.5, 1.0, 2.0, 4.0)  # fmt: skip
+
+
+def _name(metric: str) -> str:
+    """prometheus_client appends _total to counters itself."""
+    return metric.removesuffix("_total")
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    ttft: float
+    e2e: float
+    output_tokens: int
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first; None with a single token."""
+        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+    def meets(self, ttft_target: float, tpot_target: float) -> bool:
+        return self.ttft <= ttft_target and (self.tpot is None or self.tpot <= tpot_target)
+
+
+class EngineMetrics:
+    def __init__(self, info: dict[str, str]) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            _name(c.REQUESTS), "Finished requests by outcome", ["outcome"], registry=r
+        )
+        self.slo_met = Counter(
+            _name(c.REQUESTS_SLO_MET), "Requests within TTFT and TPOT targets", registry=r
+        )
+        self.ttft = Histogram(
+            c.TIME_TO_FIRST_TOKEN, "Time to first token", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            c.INTER_TOKEN_LATENCY, "Inter-token latency", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            c.E2E_REQUEST_LATENCY, "End-to-end latency", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.running = Gauge(c.NUM_REQUESTS_RUNNING, "Sequences in the running batch", registry=r)
+        self.waiting = Gauge(c.NUM_REQUESTS_WAITING, "Requests queued for admission", registry=r)
+        self.kv_usage = Gauge(
+            c.KV_CACHE_USAGE, "KV blocks in use / total (target+draft)", registry=r
+        )
+        self.admitted = Gauge(
+            c.ADMITTED_CONCURRENCY, "Full-context sequences that fit in KV", registry=r
+        )
+        self.step_seconds = Histogram(
+            c.STEP_SECONDS,
+            "Wall time of one decode iteration",
+            ["mode", "batch"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.step_tokens = Counter(
+            _name(c.STEP_OUTPUT_TOKENS),
+            "Tokens committed by decode iterations",
+            ["mode", "batch"],
+            registry=r,
+        )
+        self.draft_seconds = Counter(
+            _name(c.DRAFT_SECONDS), "Time spent drafting", ["batch"], registry=r
+        )
+        self.drafts = Counter(_name(c.SPEC_DRAFTS), "Sequences drafted for", registry=r)
+        self.draft_tokens = Counter(_name(c.SPEC_DRAFT_TOKENS), "Drafted tokens", registry=r)
+        self.accepted = Counter(
+            _name(c.SPEC_ACCEPTED_TOKENS), "Accepted drafted tokens", registry=r
+        )
+        self.threshold = Gauge(
+            c.SPEC_THRESHOLD, "Batch size at/above which speculation is off", registry=r
+        )
+        self.exploration = Gauge(
+            c.SPEC_EXPLORATION_RATIO, "Share of iterations in the other mode", registry=r
+        )
+        Gauge(c.ENGINE_INFO, "Engine identity", list(info), registry=r).labels(**info).set(1)
+        for outcome in c.OUTCOMES:
+            self.requests.labels(outcome)
+
+    def observe_iteration(self, it: Iteration) -> None:
+        if it.mode == "prefill":
+            return
+        batch = str(c.batch_bucket(it.batch_size))
+        self.step_seconds.labels(it.mode, batch).observe(it.seconds)
+        self.step_tokens.labels(it.mode, batch).inc(it.tokens)
+        if it.mode == "spec":
+            self.draft_seconds.labels(batch).inc(it.draft_seconds)
+            self.drafts.inc(it.drafts)
+            self.draft_tokens.inc(it.drafted)
+            self.accepted.inc(it.accepted)
+
+    def observe_request(self, timing: RequestTiming | None, outcome: str, slo_met: bool) -> None:
+        self.requests.labels(outcome).inc()
+        if timing is None:
+            return
+        self.ttft.observe(timing.ttft)
+        self.e2e.observe(timing.e2e)
+        if slo_met:
+            self.slo_met.inc()
+
+    def observe_tokens(self, seconds: float, count: int) -> None:
+        """`count` tokens arrived together after `seconds`: each is charged an equal share."""
+        for _ in range(count):
+            self.itl.observe(seconds / count)
+
+    def set_state(self, running: int, waiting: int, kv_usage: float, admitted: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+        self.admitted.set(admitted)
+
+    def set_speculation(self, threshold: int | None, exploration: float) -> None:
+        self.threshold.set(math.inf if threshold is None else threshold)
+        self.exploration.set(exploration)

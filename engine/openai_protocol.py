@@ -1,0 +1,157 @@
+"""Request and response shapes of the OpenAI-compatible API, and what we refuse.
+
+Parameters the engine does not implement are accepted only at their neutral value
+(n = 1, no logprobs, top_p = 1, no penalties, ...); anything else is a 400 that names
+the parameter, never a silent ignore.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STOP = 4
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=512)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(None, max_length=512)
+    ignore_eos: bool = False  # an extension (as vLLM has): generate exactly max_tokens
+
+    def unsupported(self) -> str | None:
+        """The first parameter set to a value this engine does not implement."""
+        checks = {
+            "n": self.n == 1,
+            "top_p": self.top_p == 1.0,
+            "presence_penalty": self.presence_penalty == 0.0,
+            "frequency_penalty": self.frequency_penalty == 0.0,
+            "logit_bias": not self.logit_bias,
+        }
+        return next((name for name, ok in checks.items() if not ok), None)
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] = Field(description="text, or token ids")
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = Field(None, ge=1, le=20)
+    suffix: str | None = None
+
+    def unsupported(self) -> str | None:
+        checks = {
+            "echo": not self.echo,
+            "logprobs": self.logprobs is None,
+            "best_of": self.best_of in (None, 1),
+            "suffix": self.suffix is None,
+        }
+        return super().unsupported() or next((k for k, ok in checks.items() if not ok), None)
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str = Field(max_length=10_000_000)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def unsupported(self) -> str | None:
+        if self.logprobs or self.top_logprobs:
+            return "logprobs"
+        return super().unsupported()
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(
+    rid: str, model: str, text: str, finish: str | None, use: dict | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+    }
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def chat_body(
+    rid: str, model: str, text: str, finish: str | None, use: dict | None
+) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+    }
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def chat_chunk(
+    rid: str, model: str, delta: dict, finish: str | None, use: dict | None = None
+) -> dict[str, Any]:
+    choices = (
+        []
+        if use is not None
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    )
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+    }
+    if use is not None:
+        body["usage"] = use
+    return body

@@ -1,0 +1,148 @@
+"""`spectune-engine serve` settings: one validated object from a YAML file, environment
+variables (SPECTUNE_<FIELD>) and flags, in that order of precedence (flags win).
+
+The `speculation` section is the part that changes at run time: through the admin API,
+or when the watched config file (a mounted ConfigMap) changes. Everything else needs a
+restart.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from spectune.engine.gate import GateSettings
+
+
+class SettingsError(ValueError):
+    """A config file, variable or flag that does not validate; the message says which."""
+
+
+class SpeculationSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    k: int = Field(4, ge=1, le=16, description="drafted tokens per sequence per iteration")
+    threshold: int | None = Field(
+        None,
+        ge=0,
+        description="batch size at/above which speculation is off; null: always on, 0: never",
+    )
+    hysteresis: float = Field(
+        1.0, ge=0, le=1024, description="once off, batch must fall below threshold - this"
+    )
+    exploration: float = Field(
+        0.0, ge=0, le=1, description="share of iterations run in the other mode"
+    )
+
+    def gate(self) -> GateSettings:
+        return GateSettings(
+            threshold=self.threshold, hysteresis=self.hysteresis, exploration=self.exploration
+        )
+
+
+class SloSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_ms: int = Field(1000, gt=0, description="time-to-first-token target")
+    tpot_ms: int = Field(100, gt=0, description="mean time-per-output-token target")
+
+
+class ServeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "tiny-target"
+    draft: str | None = None
+    method: Literal["auto", "draft", "ngram", "none"] = "auto"
+    speculation: SpeculationSettings = SpeculationSettings()
+    slo: SloSettings = SloSettings()
+    max_batch_size: int = Field(64, ge=1, le=4096)
+    max_queue: int = Field(256, ge=0, description="requests waiting for admission before 429")
+    max_model_len: int | None = Field(None, ge=2)
+    kv_cache_bytes: int | None = Field(None, ge=1)
+    device: str | None = None
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    admin_token_file: Path | None = None
+    config_file: Path | None = None
+    drain_timeout_s: float = Field(30.0, ge=0)
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    seed: int = 0
+
+
+# Flat names (flags and SPECTUNE_* variables) for the nested fields.
+NESTED = {
+    "k": ("speculation", "k"),
+    "threshold": ("speculation", "threshold"),
+    "hysteresis": ("speculation", "hysteresis"),
+    "exploration": ("speculation", "exploration"),
+    "ttft_ms": ("slo", "ttft_ms"),
+    "tpot_ms": ("slo", "tpot_ms"),
+}
+FLAT_FIELDS = [f for f in ServeSettings.model_fields if f not in ("speculation", "slo")] + list(
+    NESTED
+)
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise SettingsError(f"config file {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path}: expected a mapping at the top level")
+    return data
+
+
+def _overlay(base: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in flat.items():
+        if key in NESTED:
+            section, field = NESTED[key]
+            merged.setdefault(section, {})[field] = value
+        else:
+            merged[key] = value
+    return merged
+
+
+def explain(err: ValidationError, *prefix: str) -> str:
+    """The first validation error as one line: where, what, and the value given."""
+    first = err.errors()[0]
+    where = ".".join((*prefix, *(str(p) for p in first["loc"])))
+    return f"{where}: {first['msg']} (got {first.get('input')!r})"
+
+
+def _validate(data: dict[str, Any]) -> ServeSettings:
+    try:
+        return ServeSettings.model_validate(data)
+    except ValidationError as err:
+        raise SettingsError(explain(err)) from err
+
+
+def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) -> ServeSettings:
+    """File < environment < flags. `flags` holds only the flags given on the command line."""
+    environ = os.environ if environ is None else environ
+    config_file = flags.get("config_file") or environ.get("SPECTUNE_CONFIG_FILE")
+    data = read_file(Path(config_file)) if config_file else {}
+    env = {
+        f: environ[f"SPECTUNE_{f.upper()}"]
+        for f in FLAT_FIELDS
+        if f"SPECTUNE_{f.upper()}" in environ
+    }
+    for key in ("threshold",):  # "" or "none" in the environment means unset
+        if key in env and env[key].lower() in ("", "none", "null"):
+            env[key] = None
+    return _validate(_overlay(_overlay(data, env), flags))
+
+
+def speculation_from_file(path: Path) -> SpeculationSettings:
+    """The speculation section of a changed config file, validated; SettingsError if not."""
+    data = read_file(path)
+    try:
+        return SpeculationSettings.model_validate(data.get("speculation") or {})
+    except ValidationError as err:
+        raise SettingsError(explain(err, "speculation")) from err

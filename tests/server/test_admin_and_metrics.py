@@ -1,0 +1,150 @@
+"""Admin API auth and validation; threshold changes (API and config file) steer the next
+iterations, as the step metrics show; every contract metric is exposed."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import httpx
+import pytest
+import yaml
+
+from spectune.engine import contract
+
+from .conftest import Served
+from .metrics_text import parse, total
+
+BODY = {
+    "model": "tiny-target",
+    "prompt": "def main():\n",
+    "max_tokens": 24,
+    "temperature": 0,
+    "ignore_eos": True,
+}
+
+
+def run_load(server: Served, n: int = 3) -> None:
+    for _ in range(n):
+        assert server.post("/v1/completions", json=BODY).status_code == 200
+
+
+def counters(server: Served) -> dict[str, float]:
+    samples = parse(server.get("/metrics").text)
+    return {
+        "spec_tokens": total(samples, contract.STEP_OUTPUT_TOKENS, mode="spec"),
+        "plain_tokens": total(samples, contract.STEP_OUTPUT_TOKENS, mode="plain"),
+        "accepted": total(samples, contract.SPEC_ACCEPTED_TOKENS),
+        "drafted": total(samples, contract.SPEC_DRAFT_TOKENS),
+    }
+
+
+def wait_for_threshold(server: Served, value: int | None, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while server.get("/admin/speculation").json()["threshold"] != value:
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.2)
+
+
+def test_every_contract_metric_is_exposed(server: Served) -> None:
+    run_load(server, 1)
+    names = {name for name, _ in parse(server.get("/metrics").text)}
+    for metric in contract.ALL_METRICS:
+        assert any(n == metric or n.startswith(metric + "_") for n in names), metric
+    info = [lab for (n, lab) in parse(server.get("/metrics").text) if n == contract.ENGINE_INFO]
+    assert dict(info[0]) == {
+        "device": "cpu",
+        "model": "tiny-target",
+        "draft": "tiny-draft",
+        "version": "0.1.0",
+    }
+
+
+def test_admin_get_reports_settings_and_counts(server: Served) -> None:
+    state = server.get("/admin/speculation").json()
+    assert {"k", "threshold", "hysteresis", "exploration", "method", "running", "waiting"} <= set(
+        state
+    )
+    assert state["method"] == "draft"
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_admin_put_needs_the_token(server: Served, token: str | None) -> None:
+    before = server.get("/admin/speculation").json()
+    response = server.put_admin({"threshold": 3}, token=token)
+    assert response.status_code == 401
+    assert "token" in response.json()["error"]["message"]
+    assert server.get("/admin/speculation").json() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"threshold": -1}, "threshold"),
+        ({"k": 0}, "k"),
+        ({"exploration": 2}, "exploration"),
+        ({"hysteresis": "x"}, "hysteresis"),
+        ({"bogus": 1}, "bogus"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_admin_put_rejects_invalid_values_with_the_reason(
+    server: Served, body: object, field: str
+) -> None:
+    response = server.put_admin(body)
+    assert response.status_code == 422
+    assert field in response.json()["error"]["message"]
+
+
+def test_admin_threshold_steers_the_next_iterations(server: Served) -> None:
+    assert server.put_admin({"threshold": 0}).json()["threshold"] == 0
+    before = counters(server)
+    run_load(server)
+    after = counters(server)
+    assert after["plain_tokens"] > before["plain_tokens"]
+    assert after["spec_tokens"] == before["spec_tokens"]
+    assert after["accepted"] == before["accepted"] and after["drafted"] == before["drafted"]
+
+    assert server.put_admin({"threshold": None}).json()["threshold"] is None
+    run_load(server)
+    again = counters(server)
+    assert again["spec_tokens"] > after["spec_tokens"] and again["accepted"] > after["accepted"]
+    assert again["plain_tokens"] == after["plain_tokens"]
+
+
+def test_config_file_change_applies_and_an_invalid_file_is_rejected(server: Served) -> None:
+    config = yaml.safe_load(server.config.read_text())
+    config["speculation"]["threshold"] = 0
+    server.config.write_text(yaml.safe_dump(config))
+    wait_for_threshold(server, 0)
+    before = counters(server)
+    run_load(server)
+    after = counters(server)
+    assert (
+        after["spec_tokens"] == before["spec_tokens"]
+        and after["plain_tokens"] > before["plain_tokens"]
+    )
+
+    config["speculation"]["threshold"] = -5
+    server.config.write_text(yaml.safe_dump(config))
+    time.sleep(2.5)  # two polls
+    assert server.get("/admin/speculation").json()["threshold"] == 0
+    assert "config file change rejected" in server.log.read_text()
+
+    config["speculation"]["threshold"] = None
+    server.config.write_text(yaml.safe_dump(config))
+    wait_for_threshold(server, None)
+
+
+def test_step_metrics_split_by_mode_and_batch_bucket(server: Served) -> None:
+    server.put_admin({"threshold": 0})
+    run_load(server, 1)
+    server.put_admin({"threshold": None})
+    with httpx.Client(timeout=120) as client, cf.ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda _: client.post(server.url + "/v1/completions", json=BODY), range(6)))
+    samples = parse(server.get("/metrics").text)
+    buckets = {dict(lab)["batch"] for (n, lab) in samples if n == contract.STEP_OUTPUT_TOKENS}
+    assert "1" in buckets and len(buckets) >= 2
+    assert all(b.isdigit() and int(b) in contract.BATCH_BUCKETS for b in buckets)
+    modes = {dict(lab)["mode"] for (n, lab) in samples if n == contract.STEP_SECONDS + "_count"}
+    assert modes == {"spec", "plain"}
