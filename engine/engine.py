@@ -197,10 +197,12 @@ class LLMEngine:
         return updates
 
     def _prefill(self, seqs: list[Sequence]) -> tuple[list[Update], dict]:
-        fresh = [s for s in seqs if not s.is_resumed]
+        """Fill the KV of newly admitted sequences; fresh ones also sample their first token
+        (a resumed one already has its next token and only recomputes its cache)."""
+        rows = [i for i, s in enumerate(seqs) if not s.is_resumed]
+        fresh = [seqs[i] for i in rows]
         feeds = [Feed(s.token_ids[: self.scheduler.prefill_len(s)], 0, s.block_table) for s in seqs]
         logits = self.runner.forward(feeds, all_logits=False)[:, 0]
-        rows = [i for i, s in enumerate(seqs) if not s.is_resumed]
         tokens, _ = choose_tokens(
             logits[rows], [s.params.temperature for s in fresh], [s.generator for s in fresh]
         )
@@ -217,8 +219,7 @@ class LLMEngine:
         return updates, {"mode": "plain", "batch_size": len(seqs), "tokens": len(seqs)}
 
     def _draft_len(self, seq: Sequence) -> int:
-        if seq.paused_iterations > 0:
-            seq.paused_iterations -= 1
+        if seq.take_pause():
             return 0
         return max(0, min(self.k, seq.remaining - 1, self.max_model_len - len(seq) - 1))
 
@@ -247,7 +248,9 @@ class LLMEngine:
                 s.draft_cached, len(s) + acc
             )  # draft KV past the accepted prefix is stale
             if n:
-                self._track_acceptance(s, acc / n)
+                s.record_acceptance(
+                    acc / n, self.config.min_acceptance, self.config.pause_iterations
+                )
             drafted, accepted = drafted + n, accepted + acc
             updates.append(self._commit(s, new))
         record = {
@@ -260,12 +263,6 @@ class LLMEngine:
             "accepted": accepted,
         }
         return updates, record
-
-    def _track_acceptance(self, seq: Sequence, rate: float) -> None:
-        seq.acceptance = 0.7 * seq.acceptance + 0.3 * rate
-        if seq.acceptance < self.config.min_acceptance:
-            seq.paused_iterations = self.config.pause_iterations
-            seq.acceptance = 0.5  # a neutral prior for the retry
 
     def _commit(self, seq: Sequence, tokens: list[int]) -> Update:
         """Append tokens up to the first stop, the max_tokens limit or the context end."""

@@ -65,6 +65,21 @@ class Sequence:
     def remaining(self) -> int:
         return self.params.max_tokens - self.num_output
 
+    def record_acceptance(self, rate: float, floor: float, pause: int) -> None:
+        """Track recent acceptance; below `floor`, stop drafting for this sequence for
+        `pause` of its iterations, then retry from a neutral estimate."""
+        self.acceptance = 0.7 * self.acceptance + 0.3 * rate
+        if self.acceptance < floor:
+            self.paused_iterations = pause
+            self.acceptance = 0.5
+
+    def take_pause(self) -> bool:
+        """True (and one pause iteration used up) while speculation is paused for this sequence."""
+        if self.paused_iterations > 0:
+            self.paused_iterations -= 1
+            return True
+        return False
+
     @property
     def is_resumed(self) -> bool:
         """Preempted after producing tokens: its prefill recomputes KV without sampling."""

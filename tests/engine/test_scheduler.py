@@ -52,3 +52,15 @@ def test_plan_blocks_charges_the_draft_its_kv_share() -> None:
     assert with_draft[1] < without[1]
     assert with_draft[1] / without[1] == pytest.approx(target / (target + draft), rel=0.02)
     assert blocks_for(17, 16) == 2
+
+
+def test_poor_acceptance_pauses_drafting_for_a_sequence_then_retries() -> None:
+    s = seq(0, 4)
+    for _ in range(3):
+        s.record_acceptance(0.0, floor=0.2, pause=2)
+    assert [s.take_pause() for _ in range(3)] == [True, True, False]  # paused 2, then retried
+    assert s.acceptance == 0.5
+    good = seq(1, 4)
+    for _ in range(10):
+        good.record_acceptance(0.8, floor=0.2, pause=2)
+    assert not good.take_pause() and good.acceptance > 0.7
