@@ -1,0 +1,73 @@
+"""Applying rendered children to the API server: server-side apply under one field
+manager, so re-applying is idempotent and undoes hand edits of the fields we own."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+from kubernetes.dynamic.resource import Resource
+
+FIELD_MANAGER = "spectune-operator"
+
+
+@cache
+def dynamic() -> DynamicClient:
+    """One client per process: in-cluster credentials, else $KUBECONFIG."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return DynamicClient(client.ApiClient())
+
+
+def _resource(obj: dict[str, Any]) -> Resource:
+    return dynamic().resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+
+
+def resource_version(obj: dict[str, Any]) -> str | None:
+    """The live object's resourceVersion, or None when it does not exist."""
+    meta = obj["metadata"]
+    try:
+        live = _resource(obj).get(name=meta["name"], namespace=meta.get("namespace"))
+    except NotFoundError:
+        return None
+    return live.metadata.resourceVersion
+
+
+def apply(obj: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply; returns the live object."""
+    meta = obj["metadata"]
+    live = _resource(obj).server_side_apply(
+        body=obj,
+        name=meta["name"],
+        namespace=meta.get("namespace"),
+        field_manager=FIELD_MANAGER,
+        force_conflicts=True,
+    )
+    return live.to_dict()
+
+
+def create_if_absent(obj: dict[str, Any]) -> bool:
+    """Create obj unless it exists (never overwrite: a generated secret must stay stable)."""
+    meta = obj["metadata"]
+    try:
+        _resource(obj).create(body=obj, namespace=meta.get("namespace"))
+    except ApiException as err:
+        if err.status == 409:
+            return False
+        raise
+    return True
+
+
+def api_available(api_version: str, kind: str) -> bool:
+    """Whether the cluster serves this kind (e.g. PodMonitor only with the Prometheus operator)."""
+    try:
+        dynamic().resources.get(api_version=api_version, kind=kind)
+    except ResourceNotFoundError:
+        return False
+    return True

@@ -1,0 +1,201 @@
+"""Children of a SpecDeployment, rendered as plain dicts by pure functions.
+
+The engine's speculation settings live in a ConfigMap mounted into every pod; the
+engine watches that file, so a new threshold reaches running pods without a restart
+(and the pod template deliberately carries no hash of it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from spectune.operator.models import SpecDeploymentSpec
+
+CONFIG_DIR = "/etc/spectune"
+CONFIG_FILE = "engine.yaml"
+TOKEN_DIR = "/var/run/spectune"
+TOKEN_KEY = "admin-token"
+ENGINE_LABEL = "spectune-engine"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": ENGINE_LABEL,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "spectune-operator",
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    """The stable subset of labels that selects an instance's pods."""
+    return {k: v for k, v in labels(name).items() if k != "app.kubernetes.io/managed-by"}
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(name).items())
+
+
+def child_names(name: str) -> dict[str, str]:
+    return {
+        "config": f"{name}-engine-config",
+        "token": f"{name}-admin-token",
+        "service": name,
+        "deployment": name,
+    }
+
+
+def engine_config(
+    spec: SpecDeploymentSpec, threshold: int | None, exploration_percent: int
+) -> dict[str, Any]:
+    """The engine's settings file (see engine/serve_settings.py for its schema)."""
+    s = spec.speculation
+    config: dict[str, Any] = {
+        "model": spec.model.name,
+        "method": s.method,
+        "speculation": {
+            "k": s.numSpeculativeTokens,
+            "threshold": threshold,
+            "exploration": exploration_percent / 100,
+        },
+        "slo": {"ttft_ms": spec.slo.ttftMilliseconds, "tpot_ms": spec.slo.tpotMilliseconds},
+        "max_batch_size": spec.engine.maxBatchSize,
+        "port": spec.engine.port,
+    }
+    if s.draft:
+        config["draft"] = s.draft
+    if spec.model.dtype:
+        config["dtype"] = spec.model.dtype
+    return config
+
+
+def config_map(name: str, namespace: str, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": child_names(name)["config"],
+            "namespace": namespace,
+            "labels": labels(name),
+        },
+        "data": {CONFIG_FILE: yaml.safe_dump(config, sort_keys=True)},
+    }
+
+
+def token_secret(name: str, namespace: str, token: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": child_names(name)["token"],
+            "namespace": namespace,
+            "labels": labels(name),
+        },
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def _resources(spec: SpecDeploymentSpec) -> dict[str, Any]:
+    requests = {k: str(v) for k, v in spec.engine.resources.requests.items()}
+    limits = {k: str(v) for k, v in spec.engine.resources.limits.items()}
+    if spec.engine.gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(spec.engine.gpus)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+    }
+
+
+def deployment(name: str, namespace: str, spec: SpecDeploymentSpec) -> dict[str, Any]:
+    port = spec.engine.port
+    names = child_names(name)
+    container = {
+        "name": "engine",
+        "image": spec.engine.image,
+        "command": ["spectune-engine"],
+        "args": [
+            "serve",
+            "--config",
+            f"{CONFIG_DIR}/{CONFIG_FILE}",
+            "--admin-token-file",
+            f"{TOKEN_DIR}/{TOKEN_KEY}",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+        ],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": _resources(spec),
+        "readinessProbe": _probe("/readyz", port, 5, 3),
+        "livenessProbe": _probe("/healthz", port, 10, 6),
+        "startupProbe": _probe("/healthz", port, 5, 60),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "admin-token", "mountPath": TOKEN_DIR, "readOnly": True},
+        ],
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": 60,
+        "volumes": [
+            {"name": "config", "configMap": {"name": names["config"]}},
+            {"name": "admin-token", "secret": {"secretName": names["token"]}},
+        ],
+    }
+    if spec.engine.nodeSelector:
+        pod_spec["nodeSelector"] = dict(spec.engine.nodeSelector)
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": names["deployment"], "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector(name)},
+            "template": {
+                "metadata": {"labels": labels(name), "annotations": annotations},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service(name: str, namespace: str, spec: SpecDeploymentSpec) -> dict[str, Any]:
+    port = spec.engine.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": child_names(name)["service"],
+            "namespace": namespace,
+            "labels": labels(name),
+        },
+        "spec": {
+            "selector": selector(name),
+            "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+        },
+    }
+
+
+def pod_monitor(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "selector": {"matchLabels": selector(name)},
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}],
+        },
+    }

@@ -1,0 +1,73 @@
+"""Rendering children from a spec: pure, so tested without a cluster."""
+
+from __future__ import annotations
+
+import yaml
+
+from spectune.engine.serve_settings import ServeSettings
+from spectune.operator import render
+from spectune.operator.models import SpecDeploymentSpec, parse_spec
+
+SPEC = parse_spec(
+    {
+        "replicas": 3,
+        "model": {"name": "tiny-target", "dtype": "bfloat16"},
+        "engine": {
+            "gpus": 1,
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "resources": {"requests": {"cpu": 2, "memory": "4Gi"}},
+            "port": 8100,
+        },
+        "speculation": {"method": "draft", "draft": "tiny-draft", "numSpeculativeTokens": 5},
+        "slo": {"ttftMilliseconds": 500, "tpotMilliseconds": 40},
+    }
+)
+
+
+def test_engine_config_is_a_valid_engine_settings_file() -> None:
+    config = render.engine_config(SPEC, threshold=12, exploration_percent=2)
+    settings = ServeSettings.model_validate(config)  # the engine's own validator accepts it
+    assert settings.draft == "tiny-draft" and settings.speculation.k == 5
+    assert settings.speculation.threshold == 12 and settings.speculation.exploration == 0.02
+    assert settings.slo.ttft_ms == 500 and settings.port == 8100 and settings.dtype == "bfloat16"
+    mounted = render.config_map("llm", "ns", config)["data"][render.CONFIG_FILE]
+    assert yaml.safe_load(mounted) == config
+
+
+def test_deployment_carries_gpus_selector_probes_scrape_annotations_and_mounts() -> None:
+    d = render.deployment("llm", "ns", SPEC)
+    assert d["spec"]["replicas"] == 3
+    pod = d["spec"]["template"]
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8100"
+    assert set(d["spec"]["selector"]["matchLabels"].items()) <= set(
+        pod["metadata"]["labels"].items()
+    )
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["resources"]["requests"] == {
+        "cpu": "2",
+        "memory": "4Gi",
+        "nvidia.com/gpu": "1",
+    }
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8100}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--config" in container["args"] and "--admin-token-file" in container["args"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "llm-engine-config"
+    assert volumes["admin-token"]["secret"]["secretName"] == "llm-admin-token"
+
+
+def test_cpu_only_spec_has_no_gpu_and_no_node_selector() -> None:
+    spec = SpecDeploymentSpec.model_validate({"model": {"name": "tiny-target"}})
+    pod = render.deployment("x", "ns", spec)["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and pod["containers"][0]["resources"] == {}
+
+
+def test_service_and_pod_monitor_select_the_engine_pods() -> None:
+    assert render.service("llm", "ns", SPEC)["spec"]["selector"] == render.selector("llm")
+    monitor = render.pod_monitor("llm", "ns")
+    assert monitor["spec"]["selector"]["matchLabels"] == render.selector("llm")
+    assert render.selector_string("llm") == (
+        "app.kubernetes.io/name=spectune-engine,app.kubernetes.io/instance=llm"
+    )
