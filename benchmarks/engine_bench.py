@@ -6,6 +6,7 @@
 4. Python overhead per decode iteration at batch 1 on the tiny pair
 
 Usage: .venv/bin/python benchmarks/engine_bench.py [--size bench|tiny] [--repeats 3] [--tokens 128]
+       [--device cpu|cuda]
 Prints a markdown report; every number is a median over repeats.
 """
 
@@ -38,8 +39,13 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+DEVICE = "cpu"
+
+
 def ours(target: str, prompts: list[list[int]], tokens: int, **kw: object) -> LLMEngine:
-    engine = LLMEngine(EngineConfig(model=target, device="cpu", max_batch_size=64, **kw))
+    engine = LLMEngine(
+        EngineConfig(model=target, device=DEVICE, dtype="float32", max_batch_size=64, **kw)
+    )
     engine.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
     return engine
 
@@ -49,7 +55,7 @@ def hf_generate(
 ) -> Callable[[], object]:
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(target).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(target).eval().to(DEVICE)
     kwargs: dict = {
         "max_new_tokens": tokens,
         "min_new_tokens": tokens,
@@ -75,7 +81,7 @@ def tokens_per_second(fn: Callable[[], object], n_tokens: int, repeats: int) -> 
 
 def decode_overhead(repeats: int) -> dict[str, float]:
     """Batch-1 plain decode on the tiny target: engine step vs runner forward vs the bare model."""
-    engine = LLMEngine(EngineConfig(model="tiny-target", device="cpu"))
+    engine = LLMEngine(EngineConfig(model="tiny-target", device=DEVICE, dtype="float32"))
     seq = engine.add_request([65] * 32, SamplingParams(max_tokens=1000, ignore_eos=True))
     for _ in range(20):
         engine.step()
@@ -102,7 +108,10 @@ def main() -> None:
     parser.add_argument("--size", choices=tuple(SIZES), default="bench")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
+    global DEVICE  # one setting for the whole run
+    DEVICE = args.device
     target, draft = (str(resolve_model(n)) for n in SIZES[args.size])
     _, held_out = corpus()
     prompts = held_out_prompts(held_out, 16, 64)
