@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo models bench-models clean
+.PHONY: install test lint demo models bench-models crds clean
 
 install: $(STAMP)
 
@@ -27,8 +27,29 @@ models: install
 bench-models: install
 	$(BIN)/spectune-engine models build --size bench
 
+crds: install
+	$(BIN)/spectune-operator crd > crds/specdeployments.spectune.io.yaml
+
 demo: models
 	@hack/demo.sh
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
+
+# --- local Kubernetes cluster (hack/cluster.sh): real etcd, kube-apiserver (RBAC), controller
+# manager, scheduler, kwok fake GPU nodes, Prometheus and the pod runner, all on 127.0.0.1.
+# `binaries` builds them from their Go modules (hack/tools/*) into .local/bin once, then is a
+# no-op; a cold build takes tens of minutes on 2 cores.
+.PHONY: binaries cluster-up cluster-down cluster-status
+
+binaries:
+	@hack/build-binaries.sh
+
+cluster-up: install binaries
+	@hack/cluster.sh up
+
+cluster-down:
+	@hack/cluster.sh down
+
+cluster-status:
+	@hack/cluster.sh status

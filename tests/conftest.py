@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.conftest import cluster  # noqa: F401 - the local cluster, for every suite
+
 
 @pytest.fixture(scope="session")
 def tiny_pair() -> tuple[Path, Path]:

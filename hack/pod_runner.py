@@ -1,0 +1,408 @@
+"""Pod runner: a real `spectune-engine serve` behind every Running engine pod of the local cluster.
+
+kwok makes pods Running and gives them loopback IPs, but runs nothing. This runner plays the
+container runtime for engine pods, so that Prometheus' pod discovery and the operator reach
+real engines at the pods' IPs exactly as they would in a cluster:
+
+- pods are those matching --selector (default `app.kubernetes.io/name=spectune-engine`), in
+  every namespace, that are Running, have a pod IP and are not being deleted;
+- the container is the one named `engine`, else the first; the port is its containerPort named
+  `http`, else its first containerPort;
+- the engine's arguments are the container's `command` + `args`, less a leading
+  `spectune-engine` and `serve` and any `--host`/`--port`, which become the pod IP and port;
+- ConfigMap and Secret volumes the container mounts are written under --state-dir (and kept in
+  step with the objects, as the kubelet does), and arguments under their mount paths are
+  rewritten to those files; `env` values, ConfigMap/Secret key references and the pod's
+  name, namespace, IP and node name as field references are passed on;
+- an engine that exits is restarted with a back-off (restartPolicy Always), one whose pod goes
+  away or changes IP is stopped (SIGTERM, then SIGKILL after --stop-timeout).
+
+It never runs an engine on an address outside 127.0.0.0/8: this machine may only send traffic
+to loopback. Engines stay in the runner's process group, so stopping the group (as
+`hack/cluster.sh down` does) stops them too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SELECTOR = "app.kubernetes.io/name=spectune-engine"
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+STRIPPED_FLAGS = ("--host", "--port")
+FIELD_REFS = {
+    "metadata.name": lambda pod: pod.metadata.name,
+    "metadata.namespace": lambda pod: pod.metadata.namespace,
+    "status.podIP": lambda pod: pod.status.pod_ip,
+    "spec.nodeName": lambda pod: pod.spec.node_name,
+}
+
+log = logging.getLogger("pod-runner")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine process is started from; a change means a restart."""
+
+    uid: str
+    namespace: str
+    name: str
+    host: str
+    port: int
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Engine:
+    """A running (or backing-off) engine process and its restart bookkeeping."""
+
+    spec: EngineSpec
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    files: dict[Path, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class Stopping:
+    """An engine told to stop, to be killed if it outlives its deadline."""
+
+    proc: subprocess.Popen[bytes]
+    deadline: float
+    label: str
+
+
+class SkipPod(Exception):
+    """The pod cannot be run here (no port, non-loopback IP, missing ConfigMap...)."""
+
+
+def strip_flags(argv: list[str]) -> list[str]:
+    """Drop a leading `spectune-engine`/`serve` and any --host/--port: the runner sets those."""
+    if argv and Path(argv[0]).name == "spectune-engine":
+        argv = argv[1:]
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in STRIPPED_FLAGS:
+            skip = True
+            continue
+        if arg.startswith(tuple(f + "=" for f in STRIPPED_FLAGS)):
+            continue
+        out.append(arg)
+    return out
+
+
+def rewrite_paths(argv: list[str], mounts: dict[str, Path]) -> list[str]:
+    """Point arguments under a mount path (alone or after `--flag=`) at the runner's files."""
+
+    def one(value: str) -> str:
+        for mount, host in sorted(mounts.items(), key=lambda m: -len(m[0])):
+            if value == mount:
+                return str(host)
+            if value.startswith(mount.rstrip("/") + "/"):
+                return str(host / value[len(mount.rstrip("/")) + 1 :])
+        return value
+
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and "=" in arg:
+            flag, value = arg.split("=", 1)
+            out.append(f"{flag}={one(value)}")
+        else:
+            out.append(one(arg))
+    return out
+
+
+class Runner:
+    """Keeps the set of engine processes equal to the set of Running engine pods."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        config.load_kube_config(config_file=args.kubeconfig)
+        self.core = client.CoreV1Api()
+        self.selector: str = args.selector
+        self.engine: str = args.engine
+        self.state_dir = Path(args.state_dir).resolve()
+        self.log_dir = Path(args.log_dir).resolve()
+        self.stop_timeout: float = args.stop_timeout
+        self.engines: dict[str, Engine] = {}
+        self.stopping: list[Stopping] = []
+        self.base_env = dict(os.environ)
+        self.base_env.setdefault("SPECTUNE_CACHE", str(REPO / ".cache" / "models"))
+        # Many engines share a small machine; a pod can raise this through its env.
+        self.base_env.setdefault("OMP_NUM_THREADS", "1")
+
+    # --- reading pods -----------------------------------------------------------------------
+
+    def read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, bytes]:
+        """The data of a ConfigMap or Secret as bytes by key."""
+        if kind == "configMap":
+            cm = self.core.read_namespaced_config_map(name, namespace)
+            data = {k: v.encode() for k, v in (cm.data or {}).items()}
+            data |= {k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()}
+            return data
+        secret = self.core.read_namespaced_secret(name, namespace)
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    def volume_files(self, pod: Any, container: Any) -> tuple[dict[str, Path], dict[Path, bytes]]:
+        """Mount path -> host path, and host file -> content, for ConfigMap/Secret volumes."""
+        meta = pod.metadata
+        pod_dir = self.state_dir / meta.namespace / f"{meta.name}-{meta.uid[:8]}"
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        mounts: dict[str, Path] = {}
+        files: dict[Path, bytes] = {}
+        for mount in container.volume_mounts or []:
+            vol = volumes.get(mount.name)
+            if vol is None:
+                continue
+            if vol.config_map is not None:
+                kind, source = "configMap", vol.config_map
+                obj_name = source.name
+            elif vol.secret is not None:
+                kind, source = "secret", vol.secret
+                obj_name = source.secret_name
+            else:
+                continue
+            try:
+                data = self.read_object_data(kind, pod.metadata.namespace, obj_name)
+            except ApiException as e:
+                if e.status == 404 and source.optional:
+                    data = {}
+                else:
+                    raise SkipPod(f"{kind} {obj_name}: {e.reason}") from e
+            if source.items:
+                data = {item.path: data[item.key] for item in source.items if item.key in data}
+            vol_dir = pod_dir / mount.name
+            for key, content in data.items():
+                files[vol_dir / key] = content
+            mounts[mount.mount_path] = vol_dir / mount.sub_path if mount.sub_path else vol_dir
+        return mounts, files
+
+    def env_of(self, pod: Any, container: Any) -> dict[str, str]:
+        """The container's env as the kubelet would resolve it, for the cases engines use."""
+        env: dict[str, str] = {}
+        for var in container.env or []:
+            if var.value is not None:
+                env[var.name] = var.value
+                continue
+            src = var.value_from
+            if src is None:
+                env[var.name] = ""
+            elif src.field_ref is not None and src.field_ref.field_path in FIELD_REFS:
+                env[var.name] = FIELD_REFS[src.field_ref.field_path](pod) or ""
+            elif src.config_map_key_ref is not None or src.secret_key_ref is not None:
+                ref = src.config_map_key_ref or src.secret_key_ref
+                kind = "configMap" if src.config_map_key_ref is not None else "secret"
+                try:
+                    data = self.read_object_data(kind, pod.metadata.namespace, ref.name)
+                except ApiException as e:
+                    if ref.optional:
+                        continue
+                    raise SkipPod(f"{kind} {ref.name}: {e.reason}") from e
+                if ref.key in data:
+                    env[var.name] = data[ref.key].decode()
+                elif not ref.optional:
+                    raise SkipPod(f"{kind} {ref.name} has no key {ref.key}")
+        return env
+
+    def spec_of(self, pod: Any) -> tuple[EngineSpec, dict[Path, bytes]]:
+        """The engine a Running pod asks for, and the volume files it needs."""
+        ip = pod.status.pod_ip
+        if ipaddress.ip_address(ip) not in LOOPBACK:
+            raise SkipPod(f"pod IP {ip} is not loopback; refusing to serve on it")
+        containers = pod.spec.containers
+        container = next((c for c in containers if c.name == "engine"), containers[0])
+        ports = [p for p in container.ports or [] if (p.protocol or "TCP") == "TCP"]
+        port = next((p for p in ports if p.name == "http"), ports[0] if ports else None)
+        if port is None:
+            raise SkipPod(f"container {container.name} declares no TCP containerPort")
+        mounts, files = self.volume_files(pod, container)
+        argv = strip_flags(list(container.command or []) + list(container.args or []))
+        argv = rewrite_paths(argv, mounts)
+        full = (self.engine, "serve", *argv, "--host", ip, "--port", str(port.container_port))
+        spec = EngineSpec(
+            uid=pod.metadata.uid,
+            namespace=pod.metadata.namespace,
+            name=pod.metadata.name,
+            host=ip,
+            port=port.container_port,
+            argv=full,
+            env=tuple(sorted(self.env_of(pod, container).items())),
+        )
+        return spec, files
+
+    def wanted(self) -> dict[str, tuple[EngineSpec, dict[Path, bytes]]]:
+        """Engines that should run now, by pod UID."""
+        pods = self.core.list_pod_for_all_namespaces(label_selector=self.selector).items
+        out = {}
+        for pod in pods:
+            if (
+                pod.metadata.deletion_timestamp is not None
+                or pod.status.phase != "Running"
+                or not pod.status.pod_ip
+            ):
+                continue
+            try:
+                out[pod.metadata.uid] = self.spec_of(pod)
+            except SkipPod as e:
+                log.warning("not running %s/%s: %s", pod.metadata.namespace, pod.metadata.name, e)
+        return out
+
+    # --- processes --------------------------------------------------------------------------
+
+    @staticmethod
+    def write_files(files: dict[Path, bytes]) -> None:
+        """Write volume files atomically, so an engine watching its config never reads half."""
+        for path, content in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(content)
+            tmp.replace(path)
+
+    def start(self, engine: Engine) -> None:
+        """Start (or restart) one engine, logging to its own file."""
+        spec = engine.spec
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_file = self.log_dir / f"{spec.namespace}_{spec.name}.log"
+        env = self.base_env | dict(spec.env)
+        with log_file.open("ab") as out:
+            out.write(f"--- {time.strftime('%H:%M:%S')} {' '.join(spec.argv)}\n".encode())
+            out.flush()
+            engine.proc = subprocess.Popen(
+                spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=REPO,
+            )  # fmt: skip
+        log.info(
+            "started engine for %s/%s on %s:%d (pid %d)",
+            spec.namespace, spec.name, spec.host, spec.port, engine.proc.pid,
+        )  # fmt: skip
+
+    def stop(self, engine: Engine, why: str) -> None:
+        """Ask an engine to drain and stop; reap() kills it if it does not."""
+        proc, spec = engine.proc, engine.spec
+        engine.proc = None
+        if proc is None or proc.poll() is not None:
+            return
+        log.info("stopping engine for %s/%s (%s)", spec.namespace, spec.name, why)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        label = f"{spec.namespace}/{spec.name}"
+        self.stopping.append(Stopping(proc, time.monotonic() + self.stop_timeout, label))
+
+    def reap(self) -> None:
+        """Forget engines that have stopped; kill those past their deadline."""
+        left = []
+        for s in self.stopping:
+            if s.proc.poll() is not None:
+                continue
+            if time.monotonic() > s.deadline:
+                log.warning("killing engine for %s: it did not stop in time", s.label)
+                s.proc.kill()
+                s.proc.wait()
+                continue
+            left.append(s)
+        self.stopping = left
+
+    def sync(self) -> None:
+        """One pass: start, restart, update and stop engines to match the pods."""
+        wanted = self.wanted()
+        for uid in list(self.engines):
+            if uid not in wanted:
+                self.stop(self.engines.pop(uid), "pod gone")
+        now = time.monotonic()
+        for uid, (spec, files) in wanted.items():
+            engine = self.engines.get(uid)
+            if engine is not None and engine.spec != spec:
+                self.stop(self.engines.pop(uid), "pod spec changed")
+                engine = None
+            if engine is None:
+                engine = self.engines[uid] = Engine(spec)
+            if files != engine.files:
+                self.write_files(files)
+                engine.files = files
+            if engine.proc is not None and engine.proc.poll() is not None:
+                code = engine.proc.returncode
+                engine.proc = None
+                engine.restarts += 1
+                delay = min(2.0 ** min(engine.restarts, 5), 30.0)
+                engine.next_start = now + delay
+                log.warning(
+                    "engine for %s/%s exited with %s; restart %d in %.0f s",
+                    spec.namespace, spec.name, code, engine.restarts, delay,
+                )  # fmt: skip
+            if engine.proc is None and now >= engine.next_start:
+                self.start(engine)
+        self.reap()
+
+    def shutdown(self) -> None:
+        """Stop every engine and wait for them (bounded by the stop timeout)."""
+        for uid in list(self.engines):
+            self.stop(self.engines.pop(uid), "runner stopping")
+        while self.stopping:
+            self.reap()
+            time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", default=str(REPO / ".local" / "kubeconfig"))
+    parser.add_argument("--selector", default=DEFAULT_SELECTOR, help="label selector of pods")
+    parser.add_argument("--engine", default=str(REPO / ".venv" / "bin" / "spectune-engine"))
+    parser.add_argument("--state-dir", default=str(REPO / ".local" / "state" / "pods"))
+    parser.add_argument("--log-dir", default=str(REPO / ".local" / "logs" / "pods"))
+    parser.add_argument("--ready-file", help="touched after the first successful pass")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+    parser.add_argument("--stop-timeout", type=float, default=15.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    runner = Runner(args)
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ready = False
+    while not stop:
+        try:
+            runner.sync()
+        except Exception as e:  # the API server restarting must not take the engines down
+            log.warning("pass failed: %s", e)
+        else:
+            if not ready and args.ready_file:
+                Path(args.ready_file).touch()
+            ready = True
+        deadline = time.monotonic() + args.interval
+        while not stop and time.monotonic() < deadline:
+            time.sleep(0.05)
+    runner.shutdown()
+    if args.ready_file:
+        Path(args.ready_file).unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
