@@ -136,9 +136,10 @@ def rope_inv_freq(cfg: ModelConfig) -> Tensor:
     return out.float()
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """HF's rotate-half RoPE in three ops: rolling by d/2 swaps the halves, and the sign of
+    the first half's sine is folded into `sin_signed` (see Transformer.forward)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 class RMSNorm(nn.Module):
@@ -148,9 +149,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 @dataclass
@@ -183,12 +182,9 @@ class Attention(nn.Module):
         self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, paged: PagedBatch | None
     ) -> Tensor:
         b, n, _ = x.shape
-        q, k, v = self.qkv_proj(x).split([self.h * self.d, self.kv * self.d, self.kv * self.d], -1)
-        q = q.view(b, n, self.h, self.d)
-        k = k.view(b, n, self.kv, self.d)
-        v = v.view(b, n, self.kv, self.d)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        qkv = self.qkv_proj(x).view(b, n, self.h + 2 * self.kv, self.d)
+        qk = apply_rope(qkv[:, :, : self.h + self.kv], cos, sin)  # q and k heads in one go
+        q, k, v = qk[:, :, : self.h], qk[:, :, self.h :], qkv[:, :, self.h + self.kv :]
         if cache is None or paged is None:
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
@@ -262,8 +258,9 @@ class Transformer(nn.Module):
         """
         x = self.embed_tokens(input_ids)
         freqs = positions.unsqueeze(-1).float() * self.inv_freq  # [B, L, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(2)  # [B, L, 1, d]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos = freqs.cos().repeat(1, 1, 2).unsqueeze(2).to(x.dtype)  # [B, L, 1, d]
+        sin = freqs.sin()
+        sin = torch.cat((-sin, sin), dim=-1).unsqueeze(2).to(x.dtype)  # signed for apply_rope
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, caches[i] if caches is not None else None, paged)
         if logits_index is not None:

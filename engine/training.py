@@ -61,7 +61,7 @@ SPECS = {
         _llama(512, 1408, 8, 8, 4, 2048),
         _llama(192, 512, 2, 4, 2, 2048),
         target_steps=600,
-        draft_steps=400,
+        draft_steps=200,
         seq_len=128,
         batch=8,
         lr=2e-3,

@@ -35,6 +35,9 @@ def _run(args: argparse.Namespace) -> int:
 
     from spectune.operator import handlers
 
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("spectune.operator").info(
         "starting: namespaces=%s peering=%s priority=%d resync=%.0fs",
         args.namespace or "all",

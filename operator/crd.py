@@ -85,9 +85,24 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return structural(raw, raw.get("$defs", {}))
 
 
+def with_section_defaults(node: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """Give every optional object section its full default (the API server checks a default
+    against the section's CEL rules as it stands, so `{}` would not do)."""
+    required = set(node.get("required", []))
+    for name, child in node.get("properties", {}).items():
+        if child.get("type") == "object" and "properties" in child and name in defaults:
+            if name not in required:
+                child["default"] = defaults[name]
+            with_section_defaults(child, defaults[name])
+    return node
+
+
 def crd() -> dict[str, Any]:
-    spec, status = schema_of(m.SpecDeploymentSpec), schema_of(m.SpecDeploymentStatus)
-    status.pop("default", None)
+    minimal = m.SpecDeploymentSpec.model_validate({"model": {"name": "-"}})
+    spec = with_section_defaults(
+        schema_of(m.SpecDeploymentSpec), minimal.model_dump(exclude_none=True)
+    )
+    status = schema_of(m.SpecDeploymentStatus)
     root = {
         "type": "object",
         "required": ["spec"],

@@ -3,7 +3,10 @@ manager, so re-applying is idempotent and undoes hand edits of the fields we own
 
 from __future__ import annotations
 
+import os
+import tempfile
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
@@ -17,12 +20,14 @@ FIELD_MANAGER = "spectune-operator"
 
 @cache
 def dynamic() -> DynamicClient:
-    """One client per process: in-cluster credentials, else $KUBECONFIG."""
+    """One client per process: in-cluster credentials, else $KUBECONFIG. Its discovery
+    cache file is per process: replicas sharing one file read each other's half-writes."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return DynamicClient(client.ApiClient())
+    cache_file = Path(tempfile.gettempdir()) / f"spectune-operator-discovery-{os.getpid()}.json"
+    return DynamicClient(client.ApiClient(), cache_file=str(cache_file))
 
 
 def _resource(obj: dict[str, Any]) -> Resource:
