@@ -4,13 +4,15 @@ admission of invalid specs, printer columns."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.support import wait_until
+from spectune.operator import render
+from tests.cluster.support import REPO, wait_until
 
 from .conftest import (
     GROUP,
@@ -24,6 +26,7 @@ from .conftest import (
 )
 
 pytestmark = pytest.mark.cluster
+POD_MONITOR_CRD = Path(__file__).parent / "podmonitor-crd.yaml"
 
 
 def test_create_gives_children_status_and_events(cluster, admin, operator, namespace) -> None:
@@ -135,3 +138,40 @@ def test_invalid_specdeployments_are_rejected(admin, namespace, spec: dict, mess
         create(admin, namespace, sd("bad", **spec))
     assert err.value.status == 422
     assert message in json.loads(err.value.body)["message"]
+
+
+def test_the_example_becomes_ready(cluster, admin, operator, namespace) -> None:
+    kubectl(cluster, "apply", "-n", namespace, "-f", str(REPO / "examples" / "specdeployment.yaml"))
+
+    def ready() -> bool:
+        status = get_sd(admin, namespace, "tiny").get("status", {})
+        return any(
+            c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+        )
+
+    wait_until("the example to be Ready", ready, timeout=180)
+    pods = client.CoreV1Api(admin).list_namespaced_pod(
+        namespace, label_selector=render.selector_string("tiny")
+    )
+    assert {p.spec.node_name for p in pods.items} <= {
+        "gpu-h100-0",
+        "gpu-h100-1",
+    }  # its nodeSelector
+
+
+def test_pod_monitor_is_rendered_when_the_prometheus_operator_crd_exists(
+    cluster, admin, operator, namespace
+) -> None:
+    kubectl(cluster, "apply", "--server-side", "-f", str(POD_MONITOR_CRD))
+    create(admin, namespace, sd("llm"))
+    custom = client.CustomObjectsApi(admin)
+    wait_until(
+        "the PodMonitor",
+        lambda: _get(
+            lambda n, ns: custom.get_namespaced_custom_object(
+                "monitoring.coreos.com", "v1", ns, "podmonitors", n
+            ),
+            "llm",
+            namespace,
+        ),
+    )
