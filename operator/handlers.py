@@ -66,6 +66,10 @@ def _apply_child(body: kopf.Body, child: dict) -> dict:
     return live
 
 
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, idle=0)
 def reconcile(
     body: kopf.Body,
     spec: kopf.Spec,
@@ -73,6 +77,7 @@ def reconcile(
     namespace: str,
     status: kopf.Status,
     patch: kopf.Patch,
+    **_: Any,
 ) -> None:
     desired = parse_spec(dict(spec))
     threshold = threshold_status(
@@ -105,31 +110,3 @@ def reconcile(
             "conditions": [c.model_dump(mode="json", exclude_none=True) for c in conditions],
         }
     )
-
-
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def on_change(
-    body: kopf.Body,
-    spec: kopf.Spec,
-    name: str,
-    namespace: str,
-    status: kopf.Status,
-    patch: kopf.Patch,
-    **_: Any,
-) -> None:
-    reconcile(body, spec, name, namespace, status, patch)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, idle=0)
-def resync(
-    body: kopf.Body,
-    spec: kopf.Spec,
-    name: str,
-    namespace: str,
-    status: kopf.Status,
-    patch: kopf.Patch,
-    **_: Any,
-) -> None:
-    reconcile(body, spec, name, namespace, status, patch)
