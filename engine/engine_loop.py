@@ -181,6 +181,7 @@ class EngineLoop:
         if iteration is not None and iteration is not self._last_iteration:
             self._last_iteration = iteration
             self.metrics.observe_iteration(iteration)
+        outbox: list[tuple[RequestStream, Delta]] = []
         for update in updates:
             stream = self._streams.get(update.seq.seq_id)
             if stream is None or not update.new_tokens:
@@ -191,14 +192,20 @@ class EngineLoop:
                 self.metrics.observe_tokens(now - stream.last_token_at, len(update.new_tokens))
             stream.last_token_at = now
             stream.output_tokens += len(update.new_tokens)
-            self._send(stream, Delta(update.new_tokens, update.seq.finish_reason))
+            outbox.append((stream, Delta(update.new_tokens, update.seq.finish_reason)))
             if update.seq.finish_reason:
                 self._account(stream, "ok")
+        if outbox:
+            self._send_all(outbox)
         self._publish_state()
 
     def _send(self, stream: RequestStream, delta: Delta) -> None:
+        self._send_all([(stream, delta)])
+
+    def _send_all(self, outbox: list[tuple[RequestStream, Delta]]) -> None:
+        """One wake-up of the event loop per iteration, not one per request."""
         assert self._aio is not None
-        self._aio.call_soon_threadsafe(stream.deltas.put_nowait, delta)
+        self._aio.call_soon_threadsafe(_deliver, outbox)
 
     def _end(self, stream: RequestStream, outcome: str) -> None:
         if not stream.done:
@@ -236,3 +243,8 @@ class EngineLoop:
             self.engine.kv_usage,
             self.engine.admitted_concurrency,
         )
+
+
+def _deliver(outbox: list[tuple[RequestStream, Delta]]) -> None:
+    for stream, delta in outbox:
+        stream.deltas.put_nowait(delta)
