@@ -5,9 +5,12 @@
 3. gate-off cost: a draft engine gated off vs an engine without speculation (median TPOT)
 4. Python overhead per decode iteration at batch 1 on the tiny pair
 
-Usage: .venv/bin/python benchmarks/engine_bench.py [--size bench|tiny] [--repeats 3] [--tokens 128]
-       [--device cpu|cuda]
-Prints a markdown report; every number is a median over repeats.
+Every comparison runs its two sides alternately (A B A B ...), so that other work on a
+shared machine falls on both alike; it reports each side's median and the median of the
+per-round ratios. Models are loaded and warmed before timing; only generation is timed.
+
+Usage: .venv/bin/python benchmarks/engine_bench.py [--size bench|tiny] [--repeats 5]
+       [--tokens 128] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -29,65 +33,90 @@ from spectune.engine.training import corpus, held_out_prompts
 from spectune.engine.zoo import SIZES, resolve_model
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+@dataclass(frozen=True)
+class Pair:
+    a: float  # median of side A (tokens/s, or seconds for TPOT)
+    b: float
+    ratio: float  # median of the per-round A/B ratios
+
+
+def seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def paired(a: Callable[[], float], b: Callable[[], float], repeats: int) -> Pair:
+    """Alternate two measurements (each returns a number), after one warm-up of each."""
+    a(), b()
+    xs, ys = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        xs.append(a())
+        ys.append(b())
+    ratios = [x / y for x, y in zip(xs, ys, strict=True)]
+    return Pair(statistics.median(xs), statistics.median(ys), statistics.median(ratios))
 
 
-DEVICE = "cpu"
+class Ours:
+    def __init__(self, target: str, device: str, **kw: object) -> None:
+        self.engine = LLMEngine(EngineConfig(model=target, device=device, dtype="float32", **kw))
+
+    def tokens_per_second(self, prompts: list[list[int]], tokens: int) -> float:
+        self.engine.iterations.clear()
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+        return len(prompts) * tokens / seconds(lambda: self.engine.generate(prompts, params))
+
+    def median_tpot(self, prompts: list[list[int]], tokens: int) -> float:
+        """Median decode iteration time: one token per sequence per plain iteration."""
+        self.tokens_per_second(prompts, tokens)
+        return statistics.median(it.seconds for it in self.engine.iterations if it.mode == "plain")
+
+    def acceptance(self) -> float:
+        spec = [it for it in self.engine.iterations if it.mode == "spec"]
+        return sum(it.accepted for it in spec) / max(1, sum(it.drafted for it in spec))
 
 
-def ours(target: str, prompts: list[list[int]], tokens: int, **kw: object) -> LLMEngine:
-    engine = LLMEngine(
-        EngineConfig(model=target, device=DEVICE, dtype="float32", max_batch_size=64, **kw)
-    )
-    engine.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
-    return engine
+class Transformers:
+    def __init__(self, target: str, device: str, assistant: str | None = None) -> None:
+        import transformers
+
+        load = transformers.AutoModelForCausalLM.from_pretrained
+        self.device = device
+        self.model = load(target).eval().to(device)
+        self.kwargs: dict = {"do_sample": False, "pad_token_id": 256}
+        if assistant:
+            self.kwargs["assistant_model"] = load(assistant).eval().to(device)
+
+    def tokens_per_second(self, prompts: list[list[int]], tokens: int) -> float:
+        ids = torch.tensor(prompts, device=self.device)
+
+        def run() -> None:
+            with torch.inference_mode():
+                out = self.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=tokens,
+                    min_new_tokens=tokens,
+                    **self.kwargs,
+                )
+            assert out.shape[1] == ids.shape[1] + tokens  # .shape waits for the device too
+
+        return len(prompts) * tokens / seconds(run)
 
 
-def hf_generate(
-    target: str, prompts: list[list[int]], tokens: int, assistant: str | None
-) -> Callable[[], object]:
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(target).eval().to(DEVICE)
-    kwargs: dict = {
-        "max_new_tokens": tokens,
-        "min_new_tokens": tokens,
-        "do_sample": False,
-        "pad_token_id": 256,
-    }
-    if assistant:
-        kwargs["assistant_model"] = transformers.AutoModelForCausalLM.from_pretrained(
-            assistant
-        ).eval()
-    ids = torch.tensor(prompts)
-
-    def run() -> object:
-        with torch.inference_mode():
-            return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-
-    return run
-
-
-def tokens_per_second(fn: Callable[[], object], n_tokens: int, repeats: int) -> float:
-    return n_tokens / median_time(fn, repeats)
-
-
-def decode_overhead(repeats: int) -> dict[str, float]:
+def decode_overhead(device: str, repeats: int) -> dict[str, float]:
     """Batch-1 plain decode on the tiny target: engine step vs runner forward vs the bare model."""
-    engine = LLMEngine(EngineConfig(model="tiny-target", device=DEVICE, dtype="float32"))
-    seq = engine.add_request([65] * 32, SamplingParams(max_tokens=1000, ignore_eos=True))
+    engine = LLMEngine(EngineConfig(model="tiny-target", device=device, dtype="float32"))
+    seq = engine.add_request([65] * 32, SamplingParams(max_tokens=4000, ignore_eos=True))
     for _ in range(20):
         engine.step()
-    step = median_time(engine.step, repeats * 50)
+
+    def median_ms(fn: Callable[[], object]) -> float:
+        return statistics.median(seconds(fn) for _ in range(repeats * 100)) * 1e3
+
+    step = median_ms(engine.step)
     feed = [Feed([seq.token_ids[-1]], len(seq) - 1, seq.block_table)]
-    forward = median_time(lambda: engine.runner.forward(feed, all_logits=False), repeats * 50)
+    forward = median_ms(lambda: engine.runner.forward(feed, all_logits=False))
     ids, pos, slots, tables = engine.runner._prepare(feed, 1)
 
     def bare() -> None:
@@ -95,9 +124,9 @@ def decode_overhead(repeats: int) -> dict[str, float]:
             engine.runner._run(ids, pos, slots, tables, None)
 
     return {
-        "step_ms": step * 1e3,
-        "runner_forward_ms": forward * 1e3,
-        "model_ms": median_time(bare, repeats * 50) * 1e3,
+        "engine step": step,
+        "runner forward (tensor prep + model)": forward,
+        "model only": median_ms(bare),
     }
 
 
@@ -106,76 +135,64 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--size", choices=tuple(SIZES), default="bench")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
-    global DEVICE  # one setting for the whole run
-    DEVICE = args.device
     target, draft = (str(resolve_model(n)) for n in SIZES[args.size])
-    _, held_out = corpus()
-    prompts = held_out_prompts(held_out, 16, 64)
-    n, r = args.tokens, args.repeats
-    rows: list[tuple[str, float, str]] = []
+    prompts = held_out_prompts(corpus()[1], 16, 64)
+    n, r, dev = args.tokens, args.repeats, args.device
 
+    plain, spec = Ours(target, dev), Ours(target, dev, draft=draft, k=4)
+    hf, assisted = Transformers(target, dev), Transformers(target, dev, assistant=draft)
+    rows = []
     for batch in (1, 16):
         ps = prompts[:batch]
-        mine = tokens_per_second(lambda ps=ps: ours(target, ps, n), n * batch, r)
-        hf = tokens_per_second(hf_generate(target, ps, n, None), n * batch, r)
-        rows.append(
-            (f"plain decode, batch {batch}: ours", mine, f"{mine / hf:.2f}x transformers generate")
+        p = paired(
+            lambda ps=ps: plain.tokens_per_second(ps, n),
+            lambda ps=ps: hf.tokens_per_second(ps, n),
+            r,
         )
-        rows.append((f"plain decode, batch {batch}: transformers generate", hf, "baseline"))
-
-    plain1 = next(v for name, v, _ in rows if name.startswith("plain decode, batch 1: ours"))
-    acceptance: list[float] = []
-
-    def spec_run() -> None:
-        engine = ours(target, prompts[:1], n, draft=draft, k=4)
-        spec = [it for it in engine.iterations if it.mode == "spec"]
-        acceptance.append(sum(it.accepted for it in spec) / sum(it.drafted for it in spec))
-
-    spec1 = tokens_per_second(spec_run, n, r)
-    assisted = tokens_per_second(hf_generate(target, prompts[:1], n, draft), n, r)
+        rows.append((f"plain decode, batch {batch}: ours / transformers generate", p))
+    one = prompts[:1]
+    p = paired(lambda: spec.tokens_per_second(one, n), lambda: plain.tokens_per_second(one, n), r)
     rows.append(
         (
-            "draft speculation k=4, batch 1: ours",
-            spec1,
-            f"{spec1 / plain1:.2f}x our plain, {spec1 / assisted:.2f}x transformers assisted, "
-            f"acceptance {statistics.median(acceptance):.2f}",
+            f"draft speculation k=4, batch 1 (acceptance {spec.acceptance():.2f}): "
+            "ours / our plain",
+            p,
         )
     )
-    rows.append(("assisted generation, batch 1: transformers", assisted, "baseline"))
+    p = paired(
+        lambda: spec.tokens_per_second(one, n), lambda: assisted.tokens_per_second(one, n), r
+    )
+    rows.append(("draft speculation k=4, batch 1: ours / transformers assisted generation", p))
 
-    tpot: dict[str, float] = {}
-    for label, kw in (
-        ("no speculation", {}),
-        ("draft, gated off", {"draft": draft, "gate": GateSettings(threshold=0)}),
-    ):
-        runs = [ours(target, prompts[:8], n, **kw) for _ in range(r)]
-        tpot[label] = statistics.median(
-            it.seconds for e in runs for it in e.iterations if it.mode == "plain"
-        )
-    overhead = decode_overhead(r)
+    gated_off = Ours(target, dev, draft=draft, k=4, gate=GateSettings(threshold=0))
+    eight = prompts[:8]
+    tpot = paired(lambda: gated_off.median_tpot(eight, n), lambda: plain.median_tpot(eight, n), r)
+    overhead = decode_overhead(dev, r)
 
     print(
-        f"machine: {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}; "
-        f"models: {args.size}-target / {args.size}-draft; {n} new tokens; median of {r}"
+        f"machine: {platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, device {dev}; "
+        f"models: {args.size}-target / {args.size}-draft (fp32); {n} new tokens; "
+        f"{r} alternating rounds, medians"
     )
-    print("\n| measurement | tokens/s | ratio |\n|---|---|---|")
-    for name, value, ratio in rows:
-        print(f"| {name} | {value:.1f} | {ratio} |")
-    ratio = tpot["draft, gated off"] / tpot["no speculation"]
+    print(
+        "\n| comparison (A / B) | A tokens/s | B tokens/s | median ratio A/B |\n|---|---|---|---|"
+    )
+    for name, p in rows:
+        print(f"| {name} | {p.a:.1f} | {p.b:.1f} | {p.ratio:.2f} |")
     print("\n| gate-off cost, batch 8 | median TPOT ms |\n|---|---|")
-    for label, value in tpot.items():
-        print(f"| {label} | {value * 1e3:.2f} |")
-    print(f"| ratio gated-off / none | {ratio:.3f} |")
-    print("\n| batch-1 decode iteration, tiny-target | ms |\n|---|---|")
+    print(f"| draft configured, gated off (threshold 0) | {tpot.a * 1e3:.2f} |")
+    print(f"| no speculation | {tpot.b * 1e3:.2f} |")
+    print(f"| median ratio gated-off / none | {tpot.ratio:.3f} |")
+    print("\n| batch-1 plain decode iteration, tiny-target | median ms |\n|---|---|")
     for label, value in overhead.items():
         print(f"| {label} | {value:.3f} |")
-    outside = overhead["step_ms"] - overhead["runner_forward_ms"]
-    print(f"| engine overhead outside the runner | {outside:.3f} |")
+    outside = overhead["engine step"] - overhead["runner forward (tensor prep + model)"]
+    print(f"| engine overhead outside the runner (scheduling, sampling) | {outside:.3f} |")
 
 
 if __name__ == "__main__":
