@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from spectune.engine.checkpoint import ModelNotFound
 from spectune.engine.config import METHODS, EngineConfig
@@ -65,12 +67,80 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--seed", type=int)
 
+    _bench_parser(sub)
+
     models = sub.add_parser("models", help="the project's own model pairs")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     build = models_sub.add_parser("build", help="train a target and its distilled draft (cached)")
     build.add_argument("--size", choices=tuple(SIZES), default="tiny")
     build.add_argument("--force", action="store_true", help="rebuild even when cached")
     return parser
+
+
+def _numbers(kind: type) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated numbers, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="measure the crossover, gate at it, compare never/always/gated speculation",
+        description="Batch sweep: per batch size, spec vs plain decode steps -> crossover and "
+        "recommended threshold. Load sweep: load levels x policies -> goodput. Writes "
+        "bench.json, bench.md and PNG plots to --out.",
+    )
+    bench.add_argument("--model", default="tiny-target")
+    bench.add_argument(
+        "--draft", help="draft model (default: a built-in target's own draft; '' for none)"
+    )
+    bench.add_argument("--method", choices=(*METHODS, "auto"), default="auto")
+    bench.add_argument("--k", type=int, default=4, help="drafted tokens per iteration")
+    bench.add_argument("--device")
+    bench.add_argument("--kv-cache-bytes", type=int)
+    bench.add_argument("--url", help="an OpenAI-compatible server instead of the in-process engine")
+    bench.add_argument("--served-model", help="model name to request (default: /v1/models)")
+    bench.add_argument("--admin-token-file", help="spectune admin token, to switch policies")
+    bench.add_argument(
+        "--sweep", choices=("both", "batch", "load"), help="default: both; load with --url"
+    )
+    bench.add_argument(
+        "--batch-sizes", type=_numbers(int), help="batch buckets to sweep (default: 1..32)"
+    )
+    bench.add_argument("--iterations", type=int, default=16, help="timed steps per mode and size")
+    bench.add_argument(
+        "--stop-after", type=int, default=2, help="stop after speculation lost at N sizes (0: no)"
+    )
+    loads = bench.add_mutually_exclusive_group()
+    loads.add_argument("--concurrency", type=_numbers(int), help="closed-loop levels (clients)")
+    loads.add_argument("--rate", type=_numbers(float), help="open-loop levels (requests/s)")
+    bench.add_argument("--requests", type=int, help="requests per level")
+    bench.add_argument("--duration-s", type=float, default=120.0, help="max time per level")
+    bench.add_argument(
+        "--rounds", type=int, default=1, help="policies take turns N times per load level"
+    )
+    bench.add_argument("--request-timeout-s", type=float, default=300.0)
+    bench.add_argument("--prompts", type=Path, help='JSONL file: {"prompt": ..., "max_tokens"?}')
+    bench.add_argument("--prompt-len", type=int, default=64, help="bytes of shipped text")
+    bench.add_argument("--output-tokens", default="64", help="N | uniform:LOW-HIGH | exp:MEAN")
+    bench.add_argument("--ttft-ms", type=int, default=1000)
+    bench.add_argument("--tpot-ms", type=int, default=100)
+    bench.add_argument("--threshold", type=int, help="gate here instead of the measured crossover")
+    bench.add_argument(
+        "--policies",
+        type=lambda t: tuple(x for x in t.split(",") if x),
+        default=("never", "always", "gated"),
+        help="never,always,gated (default) or current (a server as configured)",
+    )
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", type=Path, default=Path("bench-report"))
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -126,6 +196,79 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import shlex
+
+    from spectune.engine.bench import run
+    from spectune.engine.bench_report import describe_crossover
+
+    settings = _bench_settings(args)
+    result = run(settings, shlex.join(["spectune-engine", *sys.argv[1:]]), _stderr)
+    if result.batch_sweep:
+        print(f"crossover: {describe_crossover(result.batch_sweep.crossover)}")
+    if result.load_sweep:
+        for level in result.load_sweep.levels:
+            print(f"goodput {level.policy} at load {level.load:g}: {level.goodput_rps:.3f} req/s")
+    if result.verdict:
+        print(
+            f"gate claim holds: {'yes' if result.verdict.holds else 'no'}"
+            f" (lowest gated/best ratio {result.verdict.min_ratio})"
+        )
+    print(f"report: {settings.out / 'bench.md'}")
+    return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _bench_settings(args: argparse.Namespace):
+    from spectune.engine.batch_sweep import SweepSettings
+    from spectune.engine.bench import DEFAULT_BATCH_SIZES, BenchSettings
+    from spectune.engine.bench_schema import Slo
+    from spectune.engine.contract import BATCH_BUCKETS
+
+    sizes = args.batch_sizes or DEFAULT_BATCH_SIZES
+    if sorted(set(sizes)) != list(sizes) or not set(sizes) <= set(BATCH_BUCKETS):
+        raise ValueError(f"--batch-sizes must be ascending batch buckets: {BATCH_BUCKETS}")
+    token = Path(args.admin_token_file).read_text().strip() if args.admin_token_file else None
+    return BenchSettings(
+        model=args.model,
+        draft=_bench_draft(args),
+        method=args.method,
+        k=args.k,
+        device=args.device,
+        kv_cache_bytes=args.kv_cache_bytes,
+        url=args.url,
+        served_model=args.served_model,
+        admin_token=token,
+        sweep=args.sweep or ("load" if args.url else "both"),
+        batch=SweepSettings(sizes, args.iterations, stop_after=args.stop_after),
+        load_kind="open" if args.rate else "closed",
+        loads=args.rate or args.concurrency or (1, 2, 4, 8, 16),
+        requests=args.requests,
+        duration_s=args.duration_s,
+        rounds=args.rounds,
+        request_timeout_s=args.request_timeout_s,
+        prompts_file=args.prompts,
+        prompt_len=args.prompt_len,
+        output_lengths=args.output_tokens,
+        slo=Slo(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms),
+        threshold=args.threshold,
+        policies=args.policies,
+        seed=args.seed,
+        out=args.out,
+    )
+
+
+def _bench_draft(args: argparse.Namespace) -> str | None:
+    """The draft given, else the built-in pair's draft when speculating with a draft model."""
+    if args.draft is not None:
+        return args.draft or None
+    pairs = dict(SIZES.values())
+    return pairs.get(args.model) if args.method in ("auto", "draft") else None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -151,7 +294,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": _generate, "serve": _serve, "models": _build}
+COMMANDS = {"generate": _generate, "serve": _serve, "models": _build, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,118 @@
+"""`spectune-engine bench` end to end on the tiny pair, in-process: the report validates
+against its schema, and the crossover the load sweep sees agrees with the batch sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spectune.engine.batch_sweep import SweepSettings
+from spectune.engine.bench import BenchSettings, run
+from spectune.engine.bench_schema import BenchResult, Slo
+from spectune.engine.cli import main
+
+from .modeled_device import ModeledDevice
+
+
+def read_result(out: Path) -> BenchResult:
+    return BenchResult.model_validate_json((out / "bench.json").read_text())
+
+
+def test_small_sweep_writes_a_valid_report(tiny_pair, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "report"
+    code = main(
+        ["bench", "--model", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--device", "cpu",
+         "--batch-sizes", "1,2,4", "--iterations", "4", "--concurrency", "1,4",
+         "--requests", "8", "--output-tokens", "uniform:8-24", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    stdout = capsys.readouterr().out
+    assert "crossover:" in stdout and "goodput gated at load 4:" in stdout
+    result = read_result(out)
+    assert result.status == "complete" and result.error is None
+    assert [p.batch for p in result.batch_sweep.points] == [1, 2, 4]
+    assert all(p.spec_tokens_per_step > p.plain_tokens_per_step for p in result.batch_sweep.points)
+    levels = result.load_sweep.levels
+    assert {(v.policy, v.load) for v in levels} == {
+        (p, c) for p in ("never", "always", "gated") for c in (1.0, 4.0)
+    }
+    assert all(v.ok == v.requests == 8 for v in levels)
+    for load in (1.0, 4.0):  # every policy got the same requests
+        assert len({v.output_tokens for v in levels if v.load == load}) == 1
+    assert all(v.acceptance is None for v in levels if v.policy == "never")
+    assert all(v.acceptance > 0 for v in levels if v.policy == "always")
+    assert result.verdict is not None and len(result.verdict.ratios) == 2
+    assert result.roofline is not None and result.roofline.ratio > 0
+    assert result.crossover_agreement_buckets is not None  # checked in the next test
+    for name in ("bench.md", "speedup.png", "goodput.png"):
+        assert (out / name).stat().st_size > 0
+    assert "## The gate's claim" in (out / "bench.md").read_text()
+    assert json.loads((out / "bench.json").read_text())["schema_version"] == 1
+    BenchResult.model_json_schema()  # the published schema generates
+
+
+def test_load_sweep_crossover_agrees_with_the_batch_sweep(tiny_pair, tmp_path: Path) -> None:
+    device = ModeledDevice()
+    settings = BenchSettings(
+        model=str(tiny_pair[0]),
+        draft=str(tiny_pair[1]),
+        device="cpu",
+        batch=SweepSettings((1, 2, 3, 4, 6, 8, 12), iterations=4, stop_after=2),
+        loads=(1, 2, 4, 8),
+        requests=16,
+        rounds=2,
+        output_lengths="24",
+        slo=Slo(ttft_ms=5000, tpot_ms=1000),
+        policies=("never", "always"),
+        out=tmp_path,
+    )
+    result = run(settings, "test", lambda _line: None, make_engine=device.make_engine)
+    batch, load = result.batch_sweep.crossover, result.load_sweep.crossover
+    assert batch.status == "crosses" and 3 < batch.batch < 8, result.batch_sweep.points
+    assert load.status == "crosses", result.load_sweep.points
+    assert result.crossover_agreement_buckets <= 1
+    assert result.load_sweep.gated_threshold == batch.threshold
+    assert all(v.requests == v.ok == 16 for v in result.load_sweep.levels)  # 2 rounds of 8
+    assert read_result(tmp_path) == result
+
+
+def test_a_failing_load_sweep_keeps_the_batch_sweep(tiny_pair, tmp_path: Path, capsys) -> None:
+    code = main(
+        ["bench", "--model", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--device", "cpu",
+         "--batch-sizes", "1,2", "--iterations", "2", "--concurrency", "1", "--requests", "2",
+         "--request-timeout-s", "0.001", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("spectune-engine: error: every request failed at never load 1")
+    assert "no complete answer within 0.001 s" in err and "partial results: " in err
+    result = read_result(tmp_path)
+    assert result.status == "incomplete"
+    assert [p.batch for p in result.batch_sweep.points] == [1, 2]  # measured before, kept
+    (level,) = result.load_sweep.levels
+    assert (level.policy, level.ok, level.errors) == ("never", 0, 2)
+
+
+def test_bad_batch_sizes_are_one_readable_line(tmp_path: Path, capsys) -> None:
+    assert main(["bench", "--batch-sizes", "5,7", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spectune-engine: error: --batch-sizes must be ascending batch buckets")
+    assert "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--url", "http://127.0.0.1:9", "--sweep", "both"], "batch sweep needs the in-process"),
+        (["--url", "http://127.0.0.1:9"], "needs --admin-token-file"),
+        (["--policies", "never,sometimes"], "policies are never, always, gated or current"),
+        (["--concurrency", "0"], "whole numbers >= 1"),
+        (["--output-tokens", "lots"], "output lengths 'lots'"),
+    ],
+)
+def test_settings_that_cannot_work(tmp_path: Path, capsys, args: list[str], says: str) -> None:
+    assert main(["bench", *args, "--out", str(tmp_path / "r")]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before anything ran

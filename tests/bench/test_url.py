@@ -1,0 +1,98 @@
+"""The bench against a real `spectune-engine serve` on a loopback port: policies switched
+through the admin API and put back afterwards, counters read from /metrics; and bad
+targets (nothing listening, a server answering errors, no prompts) fail with one
+readable line, a non-zero exit and what was measured on disk."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spectune.engine.bench_schema import BenchResult
+from spectune.engine.cli import main
+from tests.server.conftest import Served, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def served(tiny_pair, tmp_path_factory) -> Iterator[Served]:
+    config = {
+        "model": "tiny-target",
+        "draft": "tiny-draft",
+        "max_model_len": 256,
+        "speculation": {"k": 4, "threshold": 6},
+    }
+    server = start_server(tmp_path_factory.mktemp("bench-server"), config)
+    yield server
+    stop_server(server)
+
+
+def bench(out: Path, *args: str) -> int:
+    return main(["bench", "--sweep", "load", "--output-tokens", "8", "--out", str(out), *args])
+
+
+def result(out: Path) -> BenchResult:
+    return BenchResult.model_validate_json((out / "bench.json").read_text())
+
+
+def error_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines, "no error printed"
+    assert lines[-1].startswith("spectune-engine: error: ")
+    return lines[-1]
+
+
+def test_policies_against_a_url(served: Served, tmp_path: Path) -> None:
+    code = bench(
+        tmp_path, "--url", served.url, "--admin-token-file", str(served.token_file),
+        "--rate", "20,40", "--requests", "4", "--policies", "never,always",
+    )  # fmt: skip
+    assert code == 0
+    r = result(tmp_path)
+    assert r.status == "complete" and r.load_sweep.kind == "open"
+    assert (r.target.url, r.target.model, r.target.method, r.target.k) == (
+        served.url, "tiny-target", "draft", 4,
+    )  # fmt: skip
+    assert [(v.policy, v.threshold, v.ok) for v in r.load_sweep.levels] == [
+        ("never", 0, 4), ("always", None, 4), ("never", 0, 4), ("always", None, 4),
+    ]  # fmt: skip
+    assert all(v.acceptance is None for v in r.load_sweep.levels if v.policy == "never")
+    assert all(v.acceptance > 0 for v in r.load_sweep.levels if v.policy == "always")
+    assert r.load_sweep.points[0].batch == 1  # per-bucket steps from /metrics
+    assert served.get("/admin/speculation").json()["threshold"] == 6  # put back
+
+
+def test_nothing_listening(tmp_path: Path, capsys) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    assert bench(tmp_path, "--url", f"http://127.0.0.1:{port}", "--policies", "current") == 2
+    line = error_line(capsys)
+    assert f"cannot reach http://127.0.0.1:{port}" in line and "partial results" in line
+    assert result(tmp_path).status == "incomplete"
+
+
+def test_a_server_answering_errors(served: Served, tmp_path: Path, capsys) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "y", "max_tokens": 999}\n')  # over the 256-token context
+    code = bench(
+        tmp_path / "out", "--url", served.url, "--policies", "current", "--prompts", str(prompts),
+        "--concurrency", "1,2", "--requests", "2",
+    )  # fmt: skip
+    assert code == 2
+    line = error_line(capsys)
+    assert "every request failed at current load 1" in line and "context length" in line
+    r = result(tmp_path / "out")
+    assert r.status == "incomplete" and "every request failed" in r.error
+    (level,) = r.load_sweep.levels  # what was measured is kept
+    assert (level.load, level.ok, level.errors) == (1, 0, 2)
+    assert level.first_error.startswith("HTTP 400: max_tokens 999")
+
+
+def test_an_empty_prompt_file(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert bench(tmp_path / "out", "--prompts", str(empty)) == 2
+    assert "holds no prompts" in error_line(capsys)
