@@ -234,7 +234,7 @@ def plot_speedup(r: BenchResult, path: Path) -> Path:
     series = [("batch sweep", r.batch_sweep.points, r.batch_sweep.crossover, "o-")]
     if r.load_sweep and r.load_sweep.points:
         series.append(("load sweep", r.load_sweep.points, r.load_sweep.crossover, "s--"))
-    for label, points, crossover, style in series:
+    for row, (label, points, crossover, style) in enumerate(series):
         line = ax.plot([p.batch for p in points], [p.speedup for p in points], style, label=label)
         if crossover.status == "crosses" and crossover.batch is not None:
             ax.axvline(crossover.batch, color=line[0].get_color(), linestyle=":", alpha=0.8)
@@ -242,7 +242,7 @@ def plot_speedup(r: BenchResult, path: Path) -> Path:
                 f"crossover {crossover.batch:.1f}\nthreshold {crossover.threshold}",
                 (crossover.batch, 1.0),
                 textcoords="offset points",
-                xytext=(6, 10),
+                xytext=(6, 10 + 28 * row),  # one label per series, stacked
                 fontsize=8,
             )
     ax.axhline(1.0, color="grey", linewidth=1)

@@ -169,6 +169,8 @@ class EngineLoop:
                 fn, future = self._commands.get_nowait()
             except queue.Empty:
                 return
+            if not future.set_running_or_notify_cancel():
+                continue  # its caller was cancelled (client gone): run nothing, answer no one
             try:
                 future.set_result(fn())
             except Exception as err:

@@ -49,6 +49,7 @@ class EngineTarget:
         self.max_queue = max_queue
         self._loop: EngineLoop | None = None
         self._totals = NO_COUNTERS
+        self._cleanups: set[asyncio.Future] = set()  # cancels in flight, kept from the GC
 
     async def __aenter__(self) -> EngineTarget:
         engine = self.engine
@@ -68,6 +69,7 @@ class EngineTarget:
 
     async def __aexit__(self, *_exc: object) -> None:
         assert self._loop is not None
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
         self._loop.stop()
 
     @property
@@ -78,10 +80,14 @@ class EngineTarget:
     async def stream(self, spec: RequestSpec) -> AsyncIterator[Output | Finished]:
         ids = self.engine.tokenizer.encode(spec.prompt).ids
         params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True)
+        submit = asyncio.ensure_future(self.loop.submit(ids, params))
         try:
-            stream = await self.loop.submit(ids, params)
+            stream = await asyncio.shield(submit)
         except (InvalidRequest, Overloaded, Draining) as err:
             raise RequestFailed(str(err)) from None
+        except asyncio.CancelledError:  # timed out while queueing: cancel it once it exists
+            submit.add_done_callback(self._cancel_submitted)
+            raise
         tokens, finished = 0, False
         try:
             while not finished:
@@ -97,6 +103,12 @@ class EngineTarget:
             if not finished:  # timed out or abandoned: free its KV now
                 with contextlib.suppress(Exception):
                     await self.loop.cancel(stream, "error")
+
+    def _cancel_submitted(self, submit: asyncio.Future) -> None:
+        if not submit.cancelled() and submit.exception() is None:
+            cleanup = asyncio.ensure_future(self.loop.cancel(submit.result(), "error"))
+            self._cleanups.add(cleanup)
+            cleanup.add_done_callback(self._cleanups.discard)
 
     async def set_threshold(self, threshold: int | None) -> None:
         settings = self.loop.speculation.model_copy(update={"threshold": threshold})

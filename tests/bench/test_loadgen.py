@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from itertools import accumulate
 
 import pytest
@@ -34,7 +35,8 @@ def drive(engine, load: Load, bounds: Bounds, **kw):
         async with EngineTarget(engine) as target:
             before = await target.counters()
             results = await run_level(target, load, specs(), bounds, **kw)
-            return results, (await target.counters()) - before, engine.has_work()
+            counters = (await target.counters()) - before
+        return results, counters, engine.has_work()  # abandoned requests are cancelled by now
 
     return asyncio.run(go())
 
@@ -67,6 +69,38 @@ def test_a_timed_out_request_is_an_error_and_frees_the_engine(tiny_engine) -> No
     results, _, busy = drive(tiny_engine, Load("closed", 1), Bounds(1, 60, 0.001))
     assert results[0].error == "no complete answer within 0.001 s"
     assert not busy
+
+
+def test_the_engine_keeps_serving_after_a_request_gave_up_while_queueing(tiny_engine) -> None:
+    """A caller cancelled before its command ran must not take the engine loop down."""
+
+    async def go():
+        async with EngineTarget(tiny_engine) as target:
+            gave_up = await run_level(target, Load("closed", 4), specs(), Bounds(4, 60, 1e-6))
+            served = await run_level(target, Load("closed", 2), specs(), Bounds(2, 60, 60))
+            return gave_up, served
+
+    gave_up, served = asyncio.run(go())
+    assert not any(r.ok for r in gave_up)
+    assert [r.ok for r in served] == [True, True]
+    assert not tiny_engine.has_work()
+
+
+def test_a_call_cancelled_before_it_ran_runs_nothing_and_the_loop_lives_on(tiny_engine) -> None:
+    ran: list[int] = []
+
+    async def go():
+        async with EngineTarget(tiny_engine) as target:
+            busy = asyncio.ensure_future(target.loop.call(lambda: time.sleep(0.2)))
+            await asyncio.sleep(0.05)  # the loop thread is inside the first command now
+            gone = asyncio.ensure_future(target.loop.call(lambda: ran.append(1)))
+            await asyncio.sleep(0)  # queued
+            gone.cancel()
+            await busy
+            return await asyncio.wait_for(target.loop.call(lambda: 42), 5)
+
+    assert asyncio.run(go()) == 42
+    assert ran == []
 
 
 def test_summarize_counts_goodput_within_the_slo() -> None:
