@@ -66,6 +66,7 @@ from spectune.engine.loadgen import (
 )
 from spectune.engine.machine import copy_bandwidth, default_device, describe, weight_bytes
 from spectune.engine.targets import EngineTarget, HttpTarget
+from spectune.engine.torch_thread import on_torch_thread
 from spectune.engine.workload import (
     BenchError,
     Prompt,
@@ -222,11 +223,9 @@ async def _main(state: _Run) -> None:
 
 
 async def _in_process(state: _Run) -> None:
-    """Both sweeps run on the engine loop's thread, as serving does: torch's intra-op
-    threading behaves differently on the thread that first ran it, and a busy machine
-    makes that difference large."""
+    """The engine is built, and both sweeps run, on the torch thread, as serving does."""
     s = state.settings
-    engine = await asyncio.to_thread(_engine, s, state.make_engine)
+    engine = await on_torch_thread(lambda: _engine(s, state.make_engine))
     async with EngineTarget(engine) as target:
         if s.sweep != "load":
             await _batch_phase(state, target)

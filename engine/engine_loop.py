@@ -1,6 +1,7 @@
-"""The engine on its own thread, and the bridge to asyncio request handlers.
+"""The engine on the torch thread, and the bridge to asyncio request handlers.
 
-Only the loop thread touches the engine. Handlers send it commands (add a request,
+Only the loop, which runs on the process's torch thread (see torch_thread.py), touches
+the engine. Handlers send it commands (add a request,
 cancel one, change speculation settings) that run between iterations, so a settings
 change is atomic and takes effect at the next iteration. Token deltas travel back on
 per-request asyncio queues. All per-request accounting (latencies, SLO, outcome)
@@ -10,6 +11,7 @@ happens here, where the times are known.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -23,6 +25,7 @@ from spectune.engine.engine import Iteration, LLMEngine
 from spectune.engine.metrics import EngineMetrics, RequestTiming
 from spectune.engine.sequence import SamplingParams, Sequence
 from spectune.engine.serve_settings import SloSettings, SpeculationSettings
+from spectune.engine.torch_thread import TORCH_THREAD
 
 log = logging.getLogger("spectune.engine")
 
@@ -78,7 +81,7 @@ class EngineLoop:
         self._streams: dict[int, RequestStream] = {}
         self._submitting = 0
         self._aio: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._running: Future | None = None
         self._last_iteration: Iteration | None = None
 
     # --- called from the asyncio side -------------------------------------------------
@@ -86,12 +89,13 @@ class EngineLoop:
     def start(self, aio: asyncio.AbstractEventLoop) -> None:
         self._aio = aio
         self._apply(self.speculation)
-        self._thread.start()
+        self._running = TORCH_THREAD.submit(self._run)
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=10)
+        if self._running is not None:
+            concurrent.futures.wait([self._running], timeout=10)
 
     @property
     def queued(self) -> int:

@@ -41,6 +41,7 @@ from spectune.engine.serve_settings import (
     speculation_from_file,
 )
 from spectune.engine.text import IncrementalText, TemplateError, render_chat
+from spectune.engine.torch_thread import on_torch_thread
 
 log = logging.getLogger("spectune.engine")
 VERSION = "0.1.0"
@@ -133,10 +134,10 @@ class Server:
         )
 
     async def startup(self) -> None:
-        engine = await asyncio.to_thread(LLMEngine, self.engine_config())
-        await asyncio.to_thread(
-            engine.generate, ["warm up"], SamplingParams(max_tokens=4, ignore_eos=True)
-        )
+        config = self.engine_config()
+        engine = await on_torch_thread(lambda: LLMEngine(config))
+        warm_up = SamplingParams(max_tokens=4, ignore_eos=True)
+        await on_torch_thread(lambda: engine.generate(["warm up"], warm_up))
         device = (
             torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
         )
