@@ -1,11 +1,10 @@
 """The engine on the torch thread, and the bridge to asyncio request handlers.
 
 Only the loop, which runs on the process's torch thread (see torch_thread.py), touches
-the engine. Handlers send it commands (add a request,
-cancel one, change speculation settings) that run between iterations, so a settings
-change is atomic and takes effect at the next iteration. Token deltas travel back on
-per-request asyncio queues. All per-request accounting (latencies, SLO, outcome)
-happens here, where the times are known.
+the engine. Handlers send it commands (add a request, cancel one, change speculation
+settings) that run between iterations, so a settings change is atomic and takes effect
+at the next iteration. Token deltas travel back on per-request asyncio queues. All
+per-request accounting (latencies, SLO, outcome) happens here, where the times are known.
 """
 
 from __future__ import annotations
@@ -87,6 +86,8 @@ class EngineLoop:
     # --- called from the asyncio side -------------------------------------------------
 
     def start(self, aio: asyncio.AbstractEventLoop) -> None:
+        """Run the loop on the torch thread until stop(); one loop per process at a time
+        (a second one would wait on that thread for the first to stop)."""
         self._aio = aio
         self._apply(self.speculation)
         self._running = TORCH_THREAD.submit(self._run)

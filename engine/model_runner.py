@@ -38,8 +38,9 @@ def _column_major_linears(model: Transformer) -> None:
     """Store each linear weight [out, in] as the transpose of a contiguous [in, out] tensor.
 
     Same values, same shapes; MKL's sgemm then skips repacking the weight on every call,
-    which makes small-batch matmuls 2-3x faster on the CPU (batch 16: 762 -> 198 us for a
-    512 x 2816 weight). A weight shared with the embedding table stays row-major.
+    which makes small-batch matmuls 2-3x faster on the CPU (16 rows through a 512 x 2816
+    weight: 777 -> 281 us; benchmarks/layout_bench.py times whole steps). A weight shared
+    with the embedding table stays row-major.
     """
     shared = model.embed_tokens.weight
     for module in model.modules():
