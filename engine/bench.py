@@ -15,13 +15,14 @@ The result is written as it grows: a failed run still leaves what it measured.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from tqdm import tqdm
 
@@ -360,14 +361,15 @@ async def _measure_load(
     seed: int,
 ) -> None:
     """The policies take turns in short rounds at this load, so that other work on the
-    machine, which comes and goes, falls on all of them alike; in a round every policy
-    gets the same requests (prompts, lengths, arrival times), since acceptance depends
-    on the text."""
+    machine, which comes and goes, falls on all of them alike, in an order that changes
+    every round (with a fixed order, one run measured a policy 10% below an identical
+    one); in a round every policy gets the same requests (prompts, lengths,
+    arrival times), since acceptance depends on the text."""
     s = state.settings
     lengths = parse_lengths(s.output_lengths)
     shares = [_Share(p, gated if p == "gated" else POLICY_THRESHOLDS.get(p)) for p in policies]
     for turn in range(s.rounds):
-        for share in shares:
+        for share in turn_order(shares, turn):
             requests = random.Random(f"{seed}/{turn}/requests")
             specs = request_stream(_rotated(state.prompts, requests), lengths, requests)
             arrivals = random.Random(f"{seed}/{turn}/arrivals")
@@ -376,6 +378,17 @@ async def _measure_load(
                 _record(state, shares, load)
                 raise BenchError(_failure(share, load))
     _record(state, shares, load)
+
+
+T = TypeVar("T")
+
+
+def turn_order(items: list[T], turn: int) -> list[T]:
+    """The order of the policies in round `turn`: every permutation in turn, so that over
+    len(items)! rounds each policy runs in each position, and after each other one,
+    equally often."""
+    orders = list(itertools.permutations(items))
+    return list(orders[turn % len(orders)])
 
 
 async def _take_turn(

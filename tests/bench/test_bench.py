@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spectune.engine.batch_sweep import SweepSettings
-from spectune.engine.bench import BenchSettings, run
+from spectune.engine.bench import BenchSettings, run, turn_order
 from spectune.engine.bench_schema import BenchResult, Slo
 from spectune.engine.cli import main
 
@@ -116,3 +116,16 @@ def test_settings_that_cannot_work(tmp_path: Path, capsys, args: list[str], says
     assert main(["bench", *args, "--out", str(tmp_path / "r")]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "r").exists()  # refused before anything ran
+
+
+def test_policy_order_is_balanced_over_rounds() -> None:
+    policies = ["never", "always", "gated"]
+    orders = [turn_order(policies, turn) for turn in range(6)]
+    assert all(sorted(o) == sorted(policies) for o in orders)
+    for position in range(3):
+        assert sorted(o[position] for o in orders) == sorted(policies * 2)
+    follows = [(o[i], o[i + 1]) for o in orders for i in range(2)]
+    assert {follows.count(pair) for pair in set(follows)} == {2}
+    assert len(set(follows)) == 6
+    assert turn_order(policies, 6) == orders[0]
+    assert turn_order(["current"], 3) == ["current"]
