@@ -15,5 +15,5 @@ echo "== 1/2 tiny-target + tiny-draft: where does speculation stop paying?"
 "${bench[@]}" --draft tiny-draft --sweep batch --out .cache/demo/draft "$@"
 echo
 echo "== 2/2 tiny-target + n-gram lookup: crossover, threshold, goodput of never/always/gated"
-"${bench[@]}" --method ngram --concurrency 1,4,16,64 --requests 100000 --duration-s 6 --rounds 3 \
+"${bench[@]}" --method ngram --concurrency 1,4,16,64 --requests 100000 --duration-s 12 --rounds 6 \
   --out .cache/demo/ngram "$@"
