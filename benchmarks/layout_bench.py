@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from engine_bench import paired  # the sibling script: A B A B rounds, medians
 
 from spectune.engine.checkpoint import load_checkpoint
 from spectune.engine.model import PagedBatch
@@ -46,17 +47,6 @@ def set_layout(runner: ModelRunner, column_major: bool) -> None:
             module.weight.data = w.t().contiguous().t() if column_major else w
 
 
-def paired(
-    a: Callable[[], float], b: Callable[[], float], repeats: int
-) -> tuple[float, float, float]:
-    xs, ys = [], []
-    for _ in range(repeats):
-        xs.append(a())
-        ys.append(b())
-    ratios = [y / x for x, y in zip(xs, ys, strict=True)]
-    return statistics.median(xs), statistics.median(ys), statistics.median(ratios)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -80,8 +70,8 @@ def main() -> None:
                 set_layout(runner, column_major)
                 return median_ms(lambda: runner.forward(feeds, all_logits=False))
 
-            col, row, ratio = paired(lambda: step(True), lambda: step(False), args.repeats)
-            print(f"| batch {batch} | {col:.2f} | {row:.2f} | {ratio:.2f}x |")
+            p = paired(lambda: step(False), lambda: step(True), args.repeats)
+            print(f"| batch {batch} | {p.b:.2f} | {p.a:.2f} | {p.ratio:.2f}x |")
         cache = runner.caches[0][0]
         print("\n| KV gather, one layer | whole blocks ms | slot by slot ms | slots / blocks |")
         print("|---|---|---|---|")
@@ -89,12 +79,12 @@ def main() -> None:
             tables = (torch.randperm(batch * blocks) + 1).view(batch, blocks)
             paged = PagedBatch(tables[:, :1], tables, BLOCK, torch.ones(1, dtype=torch.bool))
             slots = (tables.unsqueeze(-1) * BLOCK + torch.arange(BLOCK)).flatten(1)
-            blk, slot, ratio = paired(
-                lambda p=paged: median_ms(lambda: p.gather(cache), 50),
+            p = paired(
                 lambda s=slots: median_ms(lambda: cache[s], 50),
+                lambda g=paged: median_ms(lambda: g.gather(cache), 50),
                 args.repeats,
             )
-            print(f"| batch {batch} | {blk:.3f} | {slot:.3f} | {ratio:.2f}x |")
+            print(f"| batch {batch} | {p.b:.3f} | {p.a:.3f} | {p.ratio:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ per-request accounting (latencies, SLO, outcome) happens here, where the times a
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +95,7 @@ class EngineLoop:
         self._stop.set()
         self._wake.set()
         if self._running is not None:
-            concurrent.futures.wait([self._running], timeout=10)
+            wait([self._running], timeout=10)
 
     @property
     def queued(self) -> int:
