@@ -29,8 +29,8 @@ from spectune.engine.engine import LLMEngine
 from spectune.engine.gate import GateSettings
 from spectune.engine.model_runner import Feed
 from spectune.engine.sequence import SamplingParams
-from spectune.engine.training import corpus, held_out_prompts
-from spectune.engine.zoo import SIZES, resolve_model
+from spectune.engine.zoo.registry import SIZES, resolve_model
+from spectune.engine.zoo.training import corpus, held_out_prompts
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,10 @@ def paired(a: Callable[[], float], b: Callable[[], float], repeats: int) -> Pair
 
 class Ours:
     def __init__(self, target: str, device: str, **kw: object) -> None:
-        self.engine = LLMEngine(EngineConfig(model=target, device=device, dtype="float32", **kw))
+        self.engine = LLMEngine(
+            EngineConfig(model=target, device=device, dtype="float32", **kw),
+            resolve_model=resolve_model,
+        )
 
     def tokens_per_second(self, prompts: list[list[int]], tokens: int) -> float:
         self.engine.iterations.clear()
@@ -106,7 +109,10 @@ class Transformers:
 
 def decode_overhead(device: str, repeats: int) -> dict[str, float]:
     """Batch-1 plain decode on the tiny target: engine step vs runner forward vs the bare model."""
-    engine = LLMEngine(EngineConfig(model="tiny-target", device=device, dtype="float32"))
+    engine = LLMEngine(
+        EngineConfig(model="tiny-target", device=device, dtype="float32"),
+        resolve_model=resolve_model,
+    )
     seq = engine.add_request([65] * 32, SamplingParams(max_tokens=4000, ignore_eos=True))
     for _ in range(20):
         engine.step()

@@ -21,7 +21,7 @@ from engine_bench import paired  # the sibling script: A B A B rounds, medians
 from spectune.engine.checkpoint import load_checkpoint
 from spectune.engine.model import PagedBatch
 from spectune.engine.model_runner import Feed, ModelRunner
-from spectune.engine.zoo import resolve_model
+from spectune.engine.zoo.registry import resolve_model
 
 CONTEXT = 176
 BLOCK = 16

@@ -30,14 +30,15 @@ import httpx
 from spectune.engine.config import EngineConfig
 from spectune.engine.engine import LLMEngine
 from spectune.engine.sequence import SamplingParams
-from spectune.engine.training import corpus, held_out_prompts
+from spectune.engine.zoo.registry import resolve_model
+from spectune.engine.zoo.training import corpus, held_out_prompts
 
 STREAMS = 16
 
 
 def in_process(model: str, prompts: list[list[int]], tokens: int) -> Callable[[], float]:
     """A warm engine; each call generates the 16 requests and returns output tokens/s."""
-    engine = LLMEngine(EngineConfig(model=model, device="cpu"))
+    engine = LLMEngine(EngineConfig(model=model, device="cpu"), resolve_model=resolve_model)
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     engine.generate(prompts, params)
 

@@ -21,6 +21,14 @@ class ModelNotFound(FileNotFoundError):
     """No HF-format checkpoint at the given path or name."""
 
 
+def checkpoint_dir(name: str) -> Path:
+    """`name` read as a checkpoint directory (built-in names are the zoo's business)."""
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise ModelNotFound(f"model {name!r}: no such directory")
+    return path
+
+
 @dataclass
 class Checkpoint:
     model: Transformer

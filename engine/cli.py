@@ -13,7 +13,7 @@ from spectune.engine.checkpoint import ModelNotFound
 from spectune.engine.config import METHODS, EngineConfig
 from spectune.engine.model import UnsupportedArchitecture
 from spectune.engine.sequence import InvalidRequest, SamplingParams
-from spectune.engine.zoo import SIZES, cache_dir, resolve_model
+from spectune.engine.zoo.registry import SIZES, cache_dir, resolve_model
 
 USER_ERRORS = (ModelNotFound, UnsupportedArchitecture, InvalidRequest, ValueError)
 
@@ -156,7 +156,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
-    engine = LLMEngine(config)
+    engine = LLMEngine(config, resolve_model=resolve_model)
     start = time.perf_counter()
     completion = engine.generate([args.prompt], params)[0]
     seconds = time.perf_counter() - start
@@ -186,7 +186,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from spectune.engine.training import build_pair
+    from spectune.engine.zoo.training import build_pair
 
     paths = (
         build_pair(args.size, cache_dir()) if args.force else map(resolve_model, SIZES[args.size])
@@ -199,8 +199,8 @@ def _build(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import shlex
 
-    from spectune.engine.bench import run
-    from spectune.engine.bench_report import describe_crossover
+    from spectune.engine.bench.report import describe_crossover
+    from spectune.engine.bench.runner import run
 
     settings = _bench_settings(args)
     result = run(settings, shlex.join(["spectune-engine", *sys.argv[1:]]), _stderr)
@@ -223,9 +223,9 @@ def _stderr(line: str) -> None:
 
 
 def _bench_settings(args: argparse.Namespace):
-    from spectune.engine.batch_sweep import SweepSettings
-    from spectune.engine.bench import DEFAULT_BATCH_SIZES, BenchSettings
-    from spectune.engine.bench_schema import Slo
+    from spectune.engine.bench.batch_sweep import SweepSettings
+    from spectune.engine.bench.runner import DEFAULT_BATCH_SIZES, BenchSettings
+    from spectune.engine.bench.schema import Slo
     from spectune.engine.contract import BATCH_BUCKETS
 
     sizes = args.batch_sizes or DEFAULT_BATCH_SIZES
@@ -274,8 +274,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from spectune.engine.serve_settings import load_settings
-    from spectune.engine.server import create_app
+    from spectune.engine.serving.server import create_app
+    from spectune.engine.serving.settings import load_settings
 
     flags = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = load_settings(flags)

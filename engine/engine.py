@@ -12,11 +12,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from spectune.engine.block_manager import BlockManager, plan_blocks
-from spectune.engine.checkpoint import Checkpoint, load_checkpoint
+from spectune.engine.checkpoint import Checkpoint, checkpoint_dir, load_checkpoint
 from spectune.engine.config import EngineConfig, InvalidConfig
 from spectune.engine.drafting import ModelDrafter, NgramDrafter
 from spectune.engine.gate import Decision, SpeculationGate
@@ -24,7 +25,6 @@ from spectune.engine.model_runner import Feed, ModelRunner
 from spectune.engine.sampling import accept_greedy, accept_sampled, choose_tokens, probabilities
 from spectune.engine.scheduler import Scheduler
 from spectune.engine.sequence import InvalidRequest, SamplingParams, Sequence
-from spectune.engine.zoo import resolve_model
 
 CPU_KV_BYTES = 512 << 20
 
@@ -66,10 +66,16 @@ def _resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
 
 class LLMEngine:
     def __init__(
-        self, config: EngineConfig, clock: Callable[[], float] = time.perf_counter
+        self,
+        config: EngineConfig,
+        clock: Callable[[], float] = time.perf_counter,
+        resolve_model: Callable[[str], Path] = checkpoint_dir,
     ) -> None:
+        """`resolve_model` turns a model name into its checkpoint directory; entry points pass
+        the zoo's, which also knows the built-in names (the core imports no zoo)."""
         self.config = config
         self.clock = clock
+        self.resolve_model = resolve_model
         self.device, self.dtype = _resolve_device(config)
         self.target = self._load(config.model)
         self.draft = self._load(config.draft) if config.draft else None
@@ -102,7 +108,7 @@ class LLMEngine:
     # --- construction -------------------------------------------------------------
 
     def _load(self, name: str) -> Checkpoint:
-        return load_checkpoint(resolve_model(name), name, self.device, self.dtype)
+        return load_checkpoint(self.resolve_model(name), name, self.device, self.dtype)
 
     def _kv_bytes_per_token(self) -> list[int]:
         size = torch.finfo(self.dtype).bits // 8

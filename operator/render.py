@@ -50,7 +50,7 @@ def child_names(name: str) -> dict[str, str]:
 def engine_config(
     spec: SpecDeploymentSpec, threshold: int | None, exploration_percent: int
 ) -> dict[str, Any]:
-    """The engine's settings file (see engine/serve_settings.py for its schema)."""
+    """The engine's settings file (see engine/serving/settings.py for its schema)."""
     s = spec.speculation
     config: dict[str, Any] = {
         "model": spec.model.name,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spectune.engine.batch_sweep import SweepSettings
-from spectune.engine.bench import BenchSettings, run, turn_order
-from spectune.engine.bench_schema import BenchResult, Slo
+from spectune.engine.bench.batch_sweep import SweepSettings
+from spectune.engine.bench.runner import BenchSettings, run, turn_order
+from spectune.engine.bench.schema import BenchResult, Slo
 from spectune.engine.cli import main
 
 from .modeled_device import ModeledDevice

@@ -10,8 +10,7 @@ from itertools import accumulate
 
 import pytest
 
-from spectune.engine.bench_schema import Slo
-from spectune.engine.loadgen import (
+from spectune.engine.bench.loadgen import (
     Bounds,
     Load,
     RequestResult,
@@ -19,8 +18,9 @@ from spectune.engine.loadgen import (
     run_level,
     summarize,
 )
-from spectune.engine.targets import EngineTarget
-from spectune.engine.workload import RequestSpec
+from spectune.engine.bench.schema import Slo
+from spectune.engine.bench.targets import EngineTarget
+from spectune.engine.bench.workload import RequestSpec
 
 SLO = Slo(ttft_ms=1000, tpot_ms=100)
 

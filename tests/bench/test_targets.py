@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
+from spectune.engine.bench.loadgen import Finished, Output, RequestFailed
+from spectune.engine.bench.targets import _events, parse_counters
 from spectune.engine.engine import Iteration
-from spectune.engine.loadgen import Finished, Output, RequestFailed
-from spectune.engine.metrics import EngineMetrics
-from spectune.engine.targets import _events, parse_counters
+from spectune.engine.serving.metrics import EngineMetrics
 
 INFO = {"device": "cpu", "model": "m", "draft": "d", "version": "0"}
 

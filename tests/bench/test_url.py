@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spectune.engine.bench_schema import BenchResult
+from spectune.engine.bench.schema import BenchResult
 from spectune.engine.cli import main
 from tests.server.conftest import Served, start_server, stop_server
 

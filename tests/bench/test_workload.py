@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spectune.engine.workload import (
+from spectune.engine.bench.workload import (
     BenchError,
     Prompt,
     load_prompts,

@@ -11,7 +11,7 @@ from spectune.engine.block_manager import blocks_for
 from spectune.engine.checkpoint import load_checkpoint, save_checkpoint
 from spectune.engine.model import ModelConfig, Transformer
 from spectune.engine.model_runner import Feed, ModelRunner
-from spectune.engine.training import EOS_ID, byte_tokenizer
+from spectune.engine.zoo.training import EOS_ID, byte_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

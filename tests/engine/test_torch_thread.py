@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from spectune.engine.bench.targets import EngineTarget
 from spectune.engine.config import EngineConfig
 from spectune.engine.engine import LLMEngine
-from spectune.engine.targets import EngineTarget
 from spectune.engine.torch_thread import TorchThread, on_torch_thread
 
 

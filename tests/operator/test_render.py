@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from spectune.engine.serve_settings import ServeSettings
+from spectune.engine.serving.settings import ServeSettings
 from spectune.operator import render
 from spectune.operator.models import SpecDeploymentSpec, parse_spec
 

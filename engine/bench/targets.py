@@ -19,15 +19,15 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from spectune.engine import contract as c
-from spectune.engine.bench_schema import Target
+from spectune.engine.bench.loadgen import NO_COUNTERS, Counters, Finished, Output, RequestFailed
+from spectune.engine.bench.schema import Target
+from spectune.engine.bench.workload import BenchError, RequestSpec
 from spectune.engine.crossover import ModeStats, aggregate
 from spectune.engine.engine import Iteration, LLMEngine
-from spectune.engine.engine_loop import Draining, EngineLoop, Overloaded
-from spectune.engine.loadgen import NO_COUNTERS, Counters, Finished, Output, RequestFailed
-from spectune.engine.metrics import EngineMetrics
 from spectune.engine.sequence import InvalidRequest, SamplingParams
-from spectune.engine.serve_settings import SloSettings, SpeculationSettings
-from spectune.engine.workload import BenchError, RequestSpec
+from spectune.engine.serving.engine_loop import Draining, EngineLoop, Overloaded
+from spectune.engine.serving.metrics import EngineMetrics
+from spectune.engine.serving.settings import SloSettings, SpeculationSettings
 
 
 def counters_of(iterations: list[Iteration]) -> Counters:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spectune.engine.bench_schema import (
+from spectune.engine.bench.schema import (
     BatchSweep,
     BenchResult,
     BucketPoint,

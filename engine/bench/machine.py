@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from spectune.engine.bench_schema import Machine
+from spectune.engine.bench.schema import Machine
 
 
 def cpu_name() -> str:

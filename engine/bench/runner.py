@@ -26,9 +26,20 @@ from typing import Literal, TypeVar
 
 from tqdm import tqdm
 
-from spectune.engine.batch_sweep import SweepSettings, sweep
-from spectune.engine.bench_report import describe_crossover, write_report
-from spectune.engine.bench_schema import (
+from spectune.engine.bench.batch_sweep import SweepSettings, sweep
+from spectune.engine.bench.loadgen import (
+    NO_COUNTERS,
+    Bounds,
+    Client,
+    Counters,
+    Load,
+    RequestResult,
+    run_level,
+    summarize,
+)
+from spectune.engine.bench.machine import copy_bandwidth, default_device, describe, weight_bytes
+from spectune.engine.bench.report import describe_crossover, write_report
+from spectune.engine.bench.schema import (
     BatchSweep,
     BenchResult,
     BucketPoint,
@@ -40,6 +51,16 @@ from spectune.engine.bench_schema import (
     Slo,
     Target,
     Verdict,
+)
+from spectune.engine.bench.targets import EngineTarget, HttpTarget
+from spectune.engine.bench.workload import (
+    BenchError,
+    Prompt,
+    RequestSpec,
+    load_prompts,
+    parse_lengths,
+    request_stream,
+    shipped_prompts,
 )
 from spectune.engine.config import EngineConfig
 from spectune.engine.contract import BATCH_BUCKETS, batch_bucket
@@ -55,28 +76,8 @@ from spectune.engine.crossover import (
     speedup_curve,
 )
 from spectune.engine.engine import LLMEngine
-from spectune.engine.loadgen import (
-    NO_COUNTERS,
-    Bounds,
-    Client,
-    Counters,
-    Load,
-    RequestResult,
-    run_level,
-    summarize,
-)
-from spectune.engine.machine import copy_bandwidth, default_device, describe, weight_bytes
-from spectune.engine.targets import EngineTarget, HttpTarget
 from spectune.engine.torch_thread import on_torch_thread
-from spectune.engine.workload import (
-    BenchError,
-    Prompt,
-    RequestSpec,
-    load_prompts,
-    parse_lengths,
-    request_stream,
-    shipped_prompts,
-)
+from spectune.engine.zoo.registry import resolve_model
 
 POLICY_THRESHOLDS: dict[str, int | None] = {"never": 0, "always": None}
 GATE_FLOOR = 0.97
@@ -170,7 +171,7 @@ def run(
 ) -> BenchResult:
     """Run the bench and write its report to settings.out; on failure the partial report is
     written, then the error is raised (a BenchError names where the partial result is).
-    `make_engine` builds the in-process engine (default: LLMEngine itself)."""
+    `make_engine` builds the in-process engine (default: LLMEngine with the zoo's names)."""
     check(settings)
     parse_lengths(settings.output_lengths)
     prompts = (
@@ -236,7 +237,7 @@ async def _in_process(state: _Run) -> None:
 
 def _engine(s: BenchSettings, make: Callable[[EngineConfig], LLMEngine] | None) -> LLMEngine:
     largest = max([*s.batch.batch_sizes, *(int(x) for x in s.loads if s.load_kind == "closed")])
-    return (make or LLMEngine)(
+    return (make or _zoo_engine)(
         EngineConfig(
             model=s.model,
             draft=s.draft,
@@ -248,6 +249,10 @@ def _engine(s: BenchSettings, make: Callable[[EngineConfig], LLMEngine] | None) 
             seed=s.seed,
         )
     )
+
+
+def _zoo_engine(config: EngineConfig) -> LLMEngine:
+    return LLMEngine(config, resolve_model=resolve_model)
 
 
 async def _batch_phase(state: _Run, target: EngineTarget) -> None:

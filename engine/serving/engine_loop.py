@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spectune.engine.engine import Iteration, LLMEngine
-from spectune.engine.metrics import EngineMetrics, RequestTiming
 from spectune.engine.sequence import SamplingParams, Sequence
-from spectune.engine.serve_settings import SloSettings, SpeculationSettings
+from spectune.engine.serving.metrics import EngineMetrics, RequestTiming
+from spectune.engine.serving.settings import SloSettings, SpeculationSettings
 from spectune.engine.torch_thread import TORCH_THREAD
 
 log = logging.getLogger("spectune.engine")

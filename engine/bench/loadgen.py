@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from spectune.engine.bench_schema import Latency, LevelResult, Slo
+from spectune.engine.bench.schema import Latency, LevelResult, Slo
+from spectune.engine.bench.workload import RequestSpec
 from spectune.engine.crossover import StatsByBucket, difference, merge
-from spectune.engine.metrics import RequestTiming
-from spectune.engine.workload import RequestSpec
+from spectune.engine.serving.metrics import RequestTiming
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]

@@ -15,12 +15,12 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from spectune.engine.bench.workload import BenchError
 from spectune.engine.block_manager import blocks_for
 from spectune.engine.crossover import aggregate_median, speedup_curve
 from spectune.engine.engine import Iteration, LLMEngine
 from spectune.engine.gate import GateSettings
 from spectune.engine.sequence import SamplingParams, Sequence
-from spectune.engine.workload import BenchError
 
 MODES = {"spec": GateSettings(threshold=None), "plain": GateSettings(threshold=0)}
 

@@ -27,21 +27,28 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from spectune.engine import openai_protocol as oai
 from spectune.engine.config import EngineConfig
 from spectune.engine.engine import LLMEngine
-from spectune.engine.engine_loop import Delta, Draining, EngineLoop, Overloaded, RequestStream
-from spectune.engine.metrics import EngineMetrics
 from spectune.engine.sequence import InvalidRequest, SamplingParams
-from spectune.engine.serve_settings import (
+from spectune.engine.serving import openai_protocol as oai
+from spectune.engine.serving.engine_loop import (
+    Delta,
+    Draining,
+    EngineLoop,
+    Overloaded,
+    RequestStream,
+)
+from spectune.engine.serving.metrics import EngineMetrics
+from spectune.engine.serving.settings import (
     ServeSettings,
     SettingsError,
     SpeculationSettings,
     explain,
     speculation_from_file,
 )
-from spectune.engine.text import IncrementalText, TemplateError, render_chat
+from spectune.engine.serving.text import IncrementalText, TemplateError, render_chat
 from spectune.engine.torch_thread import on_torch_thread
+from spectune.engine.zoo.registry import resolve_model
 
 log = logging.getLogger("spectune.engine")
 VERSION = "0.1.0"
@@ -135,7 +142,7 @@ class Server:
 
     async def startup(self) -> None:
         config = self.engine_config()
-        engine = await on_torch_thread(lambda: LLMEngine(config))
+        engine = await on_torch_thread(lambda: LLMEngine(config, resolve_model=resolve_model))
         warm_up = SamplingParams(max_tokens=4, ignore_eos=True)
         await on_torch_thread(lambda: engine.generate(["warm up"], warm_up))
         device = (

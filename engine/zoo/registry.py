@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from spectune.engine.checkpoint import ModelNotFound
+from spectune.engine.checkpoint import ModelNotFound, checkpoint_dir
 
 SIZES = {"tiny": ("tiny-target", "tiny-draft"), "bench": ("bench-target", "bench-draft")}
 BUILTIN = {name: size for size, names in SIZES.items() for name in names}
@@ -25,13 +25,11 @@ def resolve_model(name: str) -> Path:
     if name in BUILTIN:
         path = cache_dir() / name
         if not (path / "config.json").is_file():
-            from spectune.engine.training import build_pair
+            from spectune.engine.zoo.training import build_pair
 
             build_pair(BUILTIN[name], cache_dir())
         return path
-    path = Path(name).expanduser()
-    if not path.is_dir():
-        raise ModelNotFound(
-            f"model {name!r}: no such directory, and not a built-in name ({', '.join(BUILTIN)})"
-        )
-    return path
+    try:
+        return checkpoint_dir(name)
+    except ModelNotFound as e:
+        raise ModelNotFound(f"{e}, and not a built-in name ({', '.join(BUILTIN)})") from None

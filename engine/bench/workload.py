@@ -74,7 +74,7 @@ def parse_lengths(text: str) -> OutputLengths:
 def shipped_prompts(count: int, length: int) -> list[Prompt]:
     """`count` prompts of `length` bytes from held-out standard-library source, which the
     built-in models never trained on."""
-    from spectune.engine.training import corpus, held_out_prompts
+    from spectune.engine.zoo.training import corpus, held_out_prompts
 
     _, held_out = corpus(max_bytes=1)
     texts = held_out_prompts(held_out, count, length)
