@@ -64,7 +64,9 @@ class ServeSettings(BaseModel):
     max_model_len: int | None = Field(None, ge=2)
     kv_cache_bytes: int | None = Field(None, ge=1)
     device: str | None = None
-    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    # The order of operator/models.py: typing caches equal Literals, and the first one made
+    # decides the order in the generated CRD.
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     admin_token_file: Path | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,3 +53,15 @@ def test_cel_rules_carry_messages() -> None:
     assert "threshold.min must not exceed threshold.max" in messages
     assert "speculation.draft is required when method is draft" in messages
     assert yaml.safe_load(crd_yaml()) == crd()
+
+
+def test_the_crd_does_not_depend_on_what_was_imported_first() -> None:
+    """The engine's settings declare the same Literals; whichever module is imported first
+    must not change the CRD (typing caches equal Literals regardless of their order)."""
+    code = (
+        "import spectune.engine.serving.settings\n"
+        "from spectune.operator.crd import crd_yaml\n"
+        "print(crd_yaml(), end='')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == CRD_FILE.read_text()
