@@ -25,6 +25,11 @@ ADMITTED_CONCURRENCY = "spectune_admitted_concurrency_limit"  # gauge
 STEP_SECONDS = "spectune_step_seconds"  # histogram, labels mode, batch
 STEP_OUTPUT_TOKENS = "spectune_step_output_tokens_total"  # counter, labels mode, batch
 DRAFT_SECONDS = "spectune_draft_seconds_total"  # counter, label batch
+# The draft catching up on tokens it missed (after prefill or plain iterations); kept out of
+# STEP_SECONDS so that an explored spec iteration costs what a steady one does.
+DRAFT_CATCHUP_SECONDS = "spectune_draft_catchup_seconds_total"  # counter, label batch
+# Decode iterations as they ran: explored="true" ran the mode the gate did not pick.
+ITERATIONS = "spectune_iterations_total"  # counter, labels mode, explored
 SPEC_DRAFTS = "spectune_spec_drafts_total"  # counter
 SPEC_DRAFT_TOKENS = "spectune_spec_draft_tokens_total"  # counter
 SPEC_ACCEPTED_TOKENS = "spectune_spec_accepted_tokens_total"  # counter
@@ -35,11 +40,12 @@ ENGINE_INFO = "spectune_engine_info"  # gauge = 1, labels device, model, draft, 
 ALL_METRICS = (
     REQUESTS, REQUESTS_SLO_MET, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY,
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, ADMITTED_CONCURRENCY,
-    STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS,
-    SPEC_ACCEPTED_TOKENS, SPEC_THRESHOLD, SPEC_EXPLORATION_RATIO, ENGINE_INFO,
+    STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, DRAFT_CATCHUP_SECONDS, ITERATIONS,
+    SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_THRESHOLD, SPEC_EXPLORATION_RATIO,
+    ENGINE_INFO,
 )  # fmt: skip
 
-OUTCOMES = ("ok", "error", "rejected")
+OUTCOMES = ("ok", "error", "rejected", "invalid")  # invalid: refused with a 4xx other than 429
 MODES = ("spec", "plain")
 
 # About sqrt(2) apart so the crossover is located to within one bucket.

@@ -2,9 +2,12 @@
 
 `ModelDrafter` runs a small draft model over the same block tables as the target (its
 KV is a second cache indexed by the same block ids). Its cache lags while speculation
-is off and catches up in the first drafting forward after it resumes, so a gated-off
-iteration never touches the draft. `NgramDrafter` copies what followed the latest
-earlier occurrence of the sequence's last n tokens (prompt lookup): no model, no KV.
+is off (and after a prefill), so a gated-off iteration never touches the draft; the
+first spec iteration after that catches up in a forward of its own, so that its time can
+be counted apart from the steady-state cost of speculating.
+
+`NgramDrafter` copies what followed the latest earlier occurrence of the sequence's last
+n tokens (prompt lookup): no model, no KV.
 """
 
 from __future__ import annotations
@@ -51,15 +54,35 @@ class NgramDrafter:
         ]
 
 
+# In steady speculation the draft has seen all but the newest one or two committed tokens
+# (the newest is fed with the first draft token; an accepted k-th draft never was).
+STEADY_LAG = 2
+
+
 class ModelDrafter:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+
+    def catch_up(self, seqs: list[Sequence]) -> bool:
+        """Feed the draft every committed token it missed beyond the steady-state lag, in one
+        forward, leaving the newest token for the first drafting forward. False: none missed."""
+        behind = [s for s in seqs if len(s) - s.draft_cached > STEADY_LAG]
+        if not behind:
+            return False
+        self.runner.forward(
+            [Feed(s.token_ids[s.draft_cached : -1], s.draft_cached, s.block_table) for s in behind],
+            all_logits=False,
+        )
+        for s in behind:
+            s.draft_cached = len(s) - 1
+        return True
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         drafts = [Draft([], None) for _ in seqs]
         active = [i for i, k in enumerate(ks) if k > 0]
         probs: dict[int, list[Tensor]] = {i: [] for i in active}
-        # First forward: catch up on every committed token the draft has not seen.
+        # First forward: the committed tokens the draft has not seen (one or two after
+        # catch_up), then one forward per drafted token.
         feeds = [
             Feed(
                 seqs[i].token_ids[seqs[i].draft_cached :], seqs[i].draft_cached, seqs[i].block_table

@@ -36,8 +36,9 @@ class Iteration:
     mode: str  # prefill | plain | spec
     batch_size: int
     tokens: int  # tokens committed
-    seconds: float
+    seconds: float  # wall time less catchup_seconds: the mode's steady-state cost
     draft_seconds: float = 0.0
+    catchup_seconds: float = 0.0  # the draft catching up on tokens it missed (plain, prefill)
     explored: bool = False  # ran the mode the gate did not pick, on purpose
     drafts: int = 0  # sequences that got a draft
     drafted: int = 0
@@ -199,7 +200,8 @@ class LLMEngine:
             record["explored"] = decision.explored
         else:
             return []
-        self.iterations.append(Iteration(seconds=self.clock() - start, **record))
+        seconds = self.clock() - start - record.get("catchup_seconds", 0.0)
+        self.iterations.append(Iteration(seconds=seconds, **record))
         return updates
 
     def _prefill(self, seqs: list[Sequence]) -> tuple[list[Update], dict]:
@@ -232,9 +234,14 @@ class LLMEngine:
     def _speculate(self, seqs: list[Sequence]) -> tuple[list[Update], dict]:
         """Draft, verify k+1 positions per sequence in one target forward, accept."""
         assert self.drafter is not None
+        ks = [self._draft_len(s) for s in seqs]
         t0 = self.clock()
-        drafts = self.drafter.propose(seqs, [self._draft_len(s) for s in seqs])
-        draft_seconds = self.clock() - t0
+        caught_up = isinstance(self.drafter, ModelDrafter) and self.drafter.catch_up(
+            [s for s, k in zip(seqs, ks, strict=True) if k]
+        )
+        t1 = self.clock()
+        drafts = self.drafter.propose(seqs, ks)
+        draft_seconds = self.clock() - t1
         feeds = [
             Feed([s.token_ids[-1], *d.tokens], len(s) - 1, s.block_table)
             for s, d in zip(seqs, drafts, strict=True)
@@ -264,6 +271,7 @@ class LLMEngine:
             "batch_size": len(seqs),
             "tokens": sum(len(u.new_tokens) for u in updates),
             "draft_seconds": draft_seconds,
+            "catchup_seconds": t1 - t0 if caught_up else 0.0,
             "drafts": drafting,
             "drafted": drafted,
             "accepted": accepted,

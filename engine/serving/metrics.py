@@ -81,6 +81,18 @@ class EngineMetrics:
         self.draft_seconds = Counter(
             _name(c.DRAFT_SECONDS), "Time spent drafting", ["batch"], registry=r
         )
+        self.catchup_seconds = Counter(
+            _name(c.DRAFT_CATCHUP_SECONDS),
+            "Time the draft spent catching up on tokens it missed",
+            ["batch"],
+            registry=r,
+        )
+        self.iterations = Counter(
+            _name(c.ITERATIONS),
+            "Decode iterations by mode, and whether the mode was explored",
+            ["mode", "explored"],
+            registry=r,
+        )
         self.drafts = Counter(_name(c.SPEC_DRAFTS), "Sequences drafted for", registry=r)
         self.draft_tokens = Counter(_name(c.SPEC_DRAFT_TOKENS), "Drafted tokens", registry=r)
         self.accepted = Counter(
@@ -102,8 +114,10 @@ class EngineMetrics:
         batch = str(c.batch_bucket(it.batch_size))
         self.step_seconds.labels(it.mode, batch).observe(it.seconds)
         self.step_tokens.labels(it.mode, batch).inc(it.tokens)
+        self.iterations.labels(it.mode, "true" if it.explored else "false").inc()
         if it.mode == "spec":
             self.draft_seconds.labels(batch).inc(it.draft_seconds)
+            self.catchup_seconds.labels(batch).inc(it.catchup_seconds)
             self.drafts.inc(it.drafts)
             self.draft_tokens.inc(it.drafted)
             self.accepted.inc(it.accepted)

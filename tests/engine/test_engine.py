@@ -14,6 +14,7 @@ from spectune.engine.gate import GateSettings
 from spectune.engine.model import UnsupportedArchitecture
 from spectune.engine.sequence import InvalidRequest, SamplingParams
 
+from ..bench.modeled_device import DRAFT, ModeledDevice
 from .prompts import PROMPTS
 
 
@@ -56,17 +57,48 @@ def test_threshold_change_applies_at_the_next_iteration_and_gated_off_skips_the_
     eng.gate.settings = GateSettings(threshold=None)
     eng.step()
     assert eng.iterations[-1].mode == "spec"
-    # Caught up in one forward: the draft has seen all but the last one or two tokens
-    # (the newest is fed next time; an accepted k-th draft was never fed to it).
+    # Caught up in a forward of its own, counted apart: the draft has seen all but the last
+    # one or two tokens (the newest is fed next time; an accepted k-th draft never was).
+    assert eng.iterations[-1].catchup_seconds > 0
     assert all(s.draft_cached >= len(s) - 2 for s in seqs)
+    for _ in range(3):
+        eng.step()
+    assert all(it.catchup_seconds == 0.0 for it in list(eng.iterations)[-3:])  # steady state
 
 
-def test_exploration_is_recorded_per_iteration(tiny_pair) -> None:
-    eng = engine(tiny_pair, gate=GateSettings(threshold=64, exploration=0.3), seed=3)
+def test_an_explored_spec_iteration_costs_what_a_steady_one_does(tiny_pair) -> None:
+    """The draft's catch-up after plain iterations is not charged to the spec step, so live
+    exploration measures the same spec curve as steady speculation."""
+    device = ModeledDevice()
+    config = EngineConfig(model=str(tiny_pair[0]), draft=str(tiny_pair[1]), device="cpu")
+    eng = device.make_engine(config)
+    for p in PROMPTS[:4]:
+        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
+    eng.step()  # prefill
+    eng.step()  # spec: the draft catches up on the prompts
+    eng.step()  # spec: steady
+    steady = eng.iterations[-1]
+    eng.gate.settings = GateSettings(threshold=0)
+    for _ in range(5):
+        eng.step()
+    eng.gate.settings = GateSettings(threshold=None)
+    eng.step()
+    switched = eng.iterations[-1]
+    assert (steady.mode, switched.mode) == ("spec", "spec")
+    assert steady.catchup_seconds == 0.0
+    assert switched.catchup_seconds == pytest.approx(DRAFT.of(4 * 5))
+    assert switched.seconds == pytest.approx(steady.seconds)
+
+
+@pytest.mark.parametrize(("threshold", "picked"), [(64, "spec"), (2, "plain")])
+def test_exploration_runs_the_other_mode_in_the_engine(tiny_pair, threshold, picked) -> None:
+    """Below the threshold explored iterations run plain, above it they speculate."""
+    eng = engine(tiny_pair, gate=GateSettings(threshold=threshold, exploration=0.3), seed=3)
     eng.generate(PROMPTS[:4], SamplingParams(max_tokens=60, ignore_eos=True))
-    decode = [it for it in eng.iterations if it.mode != "prefill"]
+    decode = [it for it in eng.iterations if it.mode != "prefill" and it.batch_size == 4]
     explored = [it for it in decode if it.explored]
-    assert explored and all(it.mode == "plain" for it in explored)
+    assert explored and all(it.mode != picked for it in explored)
+    assert all(it.mode == picked for it in decode if not it.explored)
     assert all(it.seconds > 0 and it.tokens >= it.batch_size for it in decode)
 
 

@@ -57,13 +57,15 @@ def test_threshold_change_applies_at_next_iteration() -> None:
     assert g.decide(1).speculate is False
 
 
-def test_exploration_runs_the_other_mode_at_the_configured_share() -> None:
+@pytest.mark.parametrize(("batch", "picked"), [(2, True), (20, False)])
+def test_exploration_runs_the_other_mode_at_the_configured_share(batch: int, picked: bool) -> None:
+    """Below the threshold a share runs plain; above it a share speculates."""
     g = gate(threshold=8, exploration=0.1)
-    decisions = [g.decide(n) for n in [2] * 5000]
+    decisions = [g.decide(batch) for _ in range(5000)]
     explored = [d for d in decisions if d.explored]
     assert 0.08 < len(explored) / len(decisions) < 0.12
-    assert all(not d.speculate for d in explored)
-    assert all(d.speculate for d in decisions if not d.explored)
+    assert all(d.speculate is not picked for d in explored)
+    assert all(d.speculate is picked for d in decisions if not d.explored)
 
 
 @pytest.mark.parametrize(
