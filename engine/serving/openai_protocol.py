@@ -11,9 +11,32 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 MAX_STOP = 4
+
+
+def check_text(text: str, item: str = "") -> None:
+    """Refuse lone surrogates: `"\\ud800"` is valid JSON but not Unicode text, and the
+    tokenizer cannot encode it. `item` names the list item that holds it."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as err:
+        raise PydanticCustomError(
+            "unicode_text",
+            "{item}not valid Unicode text: a lone surrogate {char} at character {at}",
+            {"item": item, "char": ascii(text[err.start]), "at": err.start},
+        ) from None
+
+
+def check_texts(value: str | list[Any] | None) -> None:
+    """check_text on a string, or on each string item of a list."""
+    if isinstance(value, str):
+        check_text(value)
+    for i, item in enumerate(value if isinstance(value, list) else []):
+        if isinstance(item, str):
+            check_text(item, f"item {i}: ")
 
 
 class StreamOptions(BaseModel):
@@ -40,6 +63,12 @@ class SamplingFields(BaseModel):
     user: str | None = Field(None, max_length=512)
     ignore_eos: bool = False  # an extension (as vLLM has): generate exactly max_tokens
 
+    @field_validator("stop")
+    @classmethod
+    def _stop_is_text(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        check_texts(stop)
+        return stop
+
     def unsupported(self) -> str | None:
         """The first parameter set to a value this engine does not implement."""
         checks = {
@@ -57,7 +86,9 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] = Field(description="text, or token ids")
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="text or token ids, or a list of either: one choice per prompt"
+    )
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = Field(None, ge=1, le=20)
@@ -72,10 +103,56 @@ class CompletionRequest(SamplingFields):
         }
         return super().unsupported() or next((k for k, ok in checks.items() if not ok), None)
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_is_text(cls, prompt: str | list[Any]) -> str | list[Any]:
+        check_texts(prompt)
+        return prompt
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one per choice: a text or token ids alone is a list of one (and so is
+        [], which the engine refuses as an empty prompt)."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+            return [prompt]
+        return list(prompt)
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content, as OpenAI clients send it. Only text parts are
+    served; ChatMessage refuses the others by type rather than dropping them silently."""
+
+    type: str = Field(max_length=64, description="only 'text' is supported")
+    text: str | None = None
+
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str = Field(max_length=10_000_000)
+    content: str | list[ContentPart] = Field(description="text, or a list of text parts")
+
+    @field_validator("content")
+    @classmethod
+    def _content_is_text(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
+        if isinstance(content, str):
+            check_text(content)
+            return content
+        for i, part in enumerate(content):
+            if part.type != "text":
+                raise PydanticCustomError(
+                    "content_part",
+                    "part {i} has type {type}; only text parts are supported",
+                    {"i": i, "type": ascii(part.type)},
+                )
+            if part.text is None:
+                raise PydanticCustomError("content_part", "part {i} has no text", {"i": i})
+            check_text(part.text, f"part {i}: ")
+        return content
+
+    def text(self) -> str:
+        """The content as one string: text parts joined by newlines, as vLLM joins them."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text or "" for part in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -106,15 +183,19 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def completion_choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+
 def completion_body(
-    rid: str, model: str, text: str, finish: str | None, use: dict | None
+    rid: str, model: str, choices: list[dict[str, Any]], use: dict | None
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": choices,
     }
     if use is not None:
         body["usage"] = use

@@ -14,16 +14,16 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -43,7 +43,6 @@ from spectune.engine.serving.settings import (
     ServeSettings,
     SettingsError,
     SpeculationSettings,
-    explain,
     speculation_from_file,
 )
 from spectune.engine.serving.text import IncrementalText, TemplateError, render_chat
@@ -53,6 +52,7 @@ from spectune.engine.zoo.registry import resolve_model
 log = logging.getLogger("spectune.engine")
 VERSION = "0.1.0"
 CONFIG_POLL_SECONDS = 1.0
+INFERENCE = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions")}
 
 
 class ApiError(Exception):
@@ -111,6 +111,42 @@ class BodyLimit:
         ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class CountInvalid:
+    """Count inference requests refused for what they hold (a 4xx other than 429: bad
+    parameters, bad JSON, an unknown model, a body over the limit) as outcome `invalid`,
+    whichever layer refused them, so that goodput's denominator sees them too."""
+
+    def __init__(self, app: ASGIApp, server: Server) -> None:
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (scope["method"], scope["path"]) not in INFERENCE:
+            return await self.app(scope, receive, send)
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status, loop = message["status"], self.server.loop
+                if 400 <= status < 500 and status != 429 and loop is not None:
+                    loop.metrics.observe_request(None, "invalid", False)
+            await send(message)
+
+        await self.app(scope, receive, watch)
+
+
+class TokenFirst(APIRoute):
+    """An admin route: the bearer token is checked before FastAPI reads or validates the
+    body, so an unauthenticated caller learns nothing about what it sent."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            request.app.state.server.check_token(request)
+            return await handle(request)
+
+        return guarded
 
 
 class Server:
@@ -275,6 +311,29 @@ class Server:
             ) from err
         return stream, IncrementalText(engine.tokenizer, stops)
 
+    async def start_requests(
+        self, prompts: list[str | list[int]], body: oai.SamplingFields, max_tokens: int | None
+    ) -> list[tuple[RequestStream, IncrementalText]]:
+        """Start one request per prompt. When one is refused the whole list is: those
+        already queued are withdrawn and count with the same outcome as the refusal."""
+        started: list[tuple[RequestStream, IncrementalText]] = []
+        try:
+            for prompt in prompts:
+                started.append(await self.start_request(prompt, body, max_tokens))
+        except ApiError as err:
+            outcome = "rejected" if err.status in (429, 503) else "invalid"
+            await self.withdraw([stream for stream, _ in started], outcome)
+            raise
+        return started
+
+    async def withdraw(self, streams: list[RequestStream], outcome: str) -> None:
+        """End requests whose answers nobody will read. Shielded: this runs while the handler
+        may be being cancelled (its client went away), and an await cancelled there would
+        take the engine command with it, leaving the request running and uncounted."""
+        if streams and self.loop is not None:
+            loop = self.loop
+            await asyncio.shield(asyncio.gather(*(loop.cancel(s, outcome) for s in streams)))
+
     async def deltas(
         self, stream: RequestStream, text: IncrementalText
     ) -> AsyncIterator[tuple[str, str | None]]:
@@ -299,9 +358,9 @@ class Server:
                 if piece:
                     yield piece, None
         finally:
-            if not finished and self.loop is not None:
+            if not finished:
                 with contextlib.suppress(Exception):
-                    await self.loop.cancel(stream, "error")
+                    await self.withdraw([stream], "error")
 
 
 def _digest(path: Path) -> str | None:
@@ -309,6 +368,24 @@ def _digest(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+def _describe(error: dict[str, Any]) -> tuple[str, str | None]:
+    """A validation error as one line, and the parameter it names as a client writes it
+    (`messages[0].content`)."""
+    loc = [p for p in error["loc"] if p != "body"]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    if error["type"] == "json_invalid":
+        return f"body is not valid JSON: {error.get('ctx', {}).get('error', error['msg'])}", None
+    return f"{where or 'body'}: {error['msg']}", where or None
+
+
+def _usage(started: list[tuple[RequestStream, IncrementalText]]) -> dict[str, int]:
+    """Usage of one API request, summed over its prompts."""
+    return oai.usage(
+        sum(stream.seq.prompt_len for stream, _ in started),
+        sum(stream.output_tokens for stream, _ in started),
+    )
 
 
 def _sse(payload: dict[str, Any]) -> str:
@@ -340,15 +417,11 @@ def create_app(settings: ServeSettings) -> FastAPI:
         )
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_r: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"] if p != "body")
-        return JSONResponse(
-            oai.error_body(
-                f"{where or 'body'}: {first['msg']}", "invalid_request_error", where or None
-            ),
-            400,
-        )
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        message, where = _describe(err.errors()[0])
+        # The OpenAI API answers 400 as OpenAI does; the admin API 422, as it always has.
+        status = 422 if request.url.path.startswith("/admin/") else 400
+        return JSONResponse(oai.error_body(message, "invalid_request_error", where), status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_r: Request, err: StarletteHTTPException) -> JSONResponse:
@@ -382,42 +455,45 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.post("/v1/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})
     async def completions(body: oai.CompletionRequest) -> Any:
-        stream, text = await server.start_request(body.prompt, body, body.max_tokens)
+        prompts = body.prompts()
+        if body.stream and len(prompts) > 1:
+            raise ApiError(
+                400,
+                "streaming takes one prompt; send a list of prompts without stream",
+                param="prompt",
+            )
+        started = await server.start_requests(prompts, body, body.max_tokens)
         rid = oai.request_id("cmpl")
-        prompt_tokens = stream.seq.prompt_len
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
+            stream, text = started[0]
 
             async def events() -> AsyncIterator[str]:
                 async for piece, finish in server.deltas(stream, text):
-                    yield _sse(oai.completion_body(rid, body.model, piece, finish, None))
+                    choice = oai.completion_choice(0, piece, finish)
+                    yield _sse(oai.completion_body(rid, body.model, [choice], None))
                 if include_usage:
-                    chunk = oai.completion_body(
-                        rid, body.model, "", None, oai.usage(prompt_tokens, stream.output_tokens)
-                    )
-                    chunk["choices"] = []
-                    yield _sse(chunk)
+                    yield _sse(oai.completion_body(rid, body.model, [], _usage(started)))
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        pieces, finish = await _collect(server, stream, text)
-        return oai.completion_body(
-            rid, body.model, pieces, finish, oai.usage(prompt_tokens, stream.output_tokens)
-        )
+        answers = await _collect_all(server, started)
+        choices = [oai.completion_choice(i, *answer) for i, answer in enumerate(answers)]
+        return oai.completion_body(rid, body.model, choices, _usage(started))
 
     @app.post("/v1/chat/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})
     async def chat(body: oai.ChatCompletionRequest) -> Any:
         engine = server.engine_loop().engine
-        messages = [m.model_dump() for m in body.messages]
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             prompt = render_chat(engine.target.chat_template, messages)
         except TemplateError as err:
             raise ApiError(400, str(err), param="messages") from err
-        stream, text = await server.start_request(
-            prompt, body, body.max_completion_tokens or body.max_tokens
+        started = await server.start_requests(
+            [prompt], body, body.max_completion_tokens or body.max_tokens
         )
+        stream, text = started[0]
         rid = oai.request_id("chatcmpl")
-        prompt_tokens = stream.seq.prompt_len
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
 
@@ -430,41 +506,36 @@ def create_app(settings: ServeSettings) -> FastAPI:
                         oai.chat_chunk(rid, body.model, {"content": piece} if piece else {}, finish)
                     )
                 if include_usage:
-                    use = oai.usage(prompt_tokens, stream.output_tokens)
-                    yield _sse(oai.chat_chunk(rid, body.model, {}, None, use))
+                    yield _sse(oai.chat_chunk(rid, body.model, {}, None, _usage(started)))
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        pieces, finish = await _collect(server, stream, text)
-        return oai.chat_body(
-            rid, body.model, pieces, finish, oai.usage(prompt_tokens, stream.output_tokens)
-        )
+        [(pieces, finish)] = await _collect_all(server, started)
+        return oai.chat_body(rid, body.model, pieces, finish, _usage(started))
 
     @app.get("/admin/speculation")
     async def get_speculation() -> dict[str, Any]:
         return _speculation_state(server.engine_loop())
 
-    @app.put("/admin/speculation", responses={401: {}, 422: {}})
-    async def put_speculation(request: Request) -> dict[str, Any]:
-        server.check_token(request)
+    admin = APIRouter(route_class=TokenFirst)
+
+    @admin.put("/admin/speculation", responses={401: {}, 422: {}})
+    async def put_speculation(
+        changes: Annotated[
+            SpeculationSettings,
+            Body(description="only the fields present change; threshold null: always speculate"),
+        ],
+    ) -> dict[str, Any]:
         loop = server.engine_loop()
-        try:
-            changes = json.loads(await request.body())
-        except json.JSONDecodeError as err:
-            raise ApiError(422, f"body is not JSON: {err}") from err
-        if not isinstance(changes, dict):
-            raise ApiError(
-                422, "body must be a JSON object with any of: k, threshold, hysteresis, exploration"
-            )
-        try:
-            new = SpeculationSettings.model_validate(loop.speculation.model_dump() | changes)
-        except ValidationError as err:
-            raise ApiError(422, explain(err)) from err
+        given = changes.model_dump(include=changes.model_fields_set)  # absent != null
+        new = SpeculationSettings.model_validate(loop.speculation.model_dump() | given)
         await loop.set_speculation(new)
         log.info("speculation settings changed through the admin API: %s", new.model_dump())
         return _speculation_state(loop)
 
+    app.include_router(admin)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(CountInvalid, server=server)
     return app
 
 
@@ -475,6 +546,21 @@ async def _collect(
     async for piece, finish in server.deltas(stream, text):  # noqa: B007 - the last finish is the answer
         pieces.append(piece)
     return "".join(pieces), finish
+
+
+async def _collect_all(
+    server: Server, started: list[tuple[RequestStream, IncrementalText]]
+) -> list[tuple[str, str | None]]:
+    """Each prompt's (text, finish reason). The engine runs them together, so collecting them
+    in turn costs nothing; when one fails, the rest are withdrawn rather than left running."""
+    answers = []
+    try:
+        for stream, text in started:
+            answers.append(await _collect(server, stream, text))
+    except BaseException:
+        await server.withdraw([stream for stream, _ in started], "error")
+        raise
+    return answers
 
 
 def _speculation_state(loop: EngineLoop) -> dict[str, Any]:

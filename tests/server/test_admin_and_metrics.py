@@ -85,7 +85,9 @@ def test_admin_put_needs_the_token(server: Served, token: str | None) -> None:
         ({"exploration": 2}, "exploration"),
         ({"hysteresis": "x"}, "hysteresis"),
         ({"bogus": 1}, "bogus"),
-        ([1, 2], "JSON object"),
+        ({"threshold": 2.5}, "threshold"),
+        ([1, 2], "dictionary"),
+        (None, "body"),
     ],
 )
 def test_admin_put_rejects_invalid_values_with_the_reason(
@@ -94,6 +96,56 @@ def test_admin_put_rejects_invalid_values_with_the_reason(
     response = server.put_admin(body)
     assert response.status_code == 422
     assert field in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"k": 0}', b""])
+def test_admin_put_checks_the_token_before_reading_the_body(server: Served, body: bytes) -> None:
+    response = httpx.put(
+        server.url + "/admin/speculation",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 401, response.text
+    assert "token" in response.json()["error"]["message"]
+
+
+def test_admin_put_changes_only_the_fields_given(server: Served) -> None:
+    start = server.put_admin({"k": 4, "threshold": 6, "hysteresis": 1.0, "exploration": 0.0})
+    assert start.status_code == 200
+    state = server.put_admin({"k": 3}).json()
+    assert (state["k"], state["threshold"], state["hysteresis"]) == (3, 6, 1.0)
+    state = server.put_admin({"hysteresis": 2.5, "exploration": 0.1}).json()
+    assert (state["k"], state["threshold"], state["hysteresis"], state["exploration"]) == (
+        3,
+        6,
+        2.5,
+        0.1,
+    )
+    assert server.put_admin({}).json()["threshold"] == 6  # absent: unchanged
+    assert server.put_admin({"threshold": None}).json()["threshold"] is None  # null: always
+    assert server.put_admin({"threshold": 0}).json()["threshold"] == 0  # 0: never
+    restored = server.put_admin({"k": 4, "threshold": None, "hysteresis": 1.0, "exploration": 0})
+    assert restored.json()["k"] == 4 and restored.json()["threshold"] is None
+
+
+def test_an_abandoned_stream_counts_as_error(server: Served) -> None:
+    def outcomes() -> tuple[float, float]:
+        samples = parse(server.get("/metrics").text)
+        return tuple(total(samples, contract.REQUESTS, outcome=o) for o in ("error", "ok"))
+
+    errors, oks = outcomes()
+    body = BODY | {"max_tokens": 200, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert any(line.startswith("data: {") for line in response.iter_lines())
+    # the connection is closed after the first event: the server must end the request
+    deadline = time.monotonic() + 15
+    while outcomes()[0] < errors + 1:
+        assert time.monotonic() < deadline, "the abandoned request was not counted as error"
+        time.sleep(0.1)
+    assert outcomes() == (errors + 1, oks)
+    assert server.get("/admin/speculation").json()["running"] == 0  # and no longer runs
 
 
 def test_admin_threshold_steers_the_next_iterations(server: Served) -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
+from spectune.engine import contract
+
 from .conftest import Served
+from .metrics_text import parse, total
 
 OK = {"model": "tiny-target", "prompt": "x = ", "max_tokens": 4}
 
@@ -77,3 +82,104 @@ def test_unknown_route_and_method(server: Served) -> None:
 def test_still_serving_after_bad_input(server: Served) -> None:
     response = server.post("/v1/completions", json=OK)
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] >= 1
+
+
+def post_json_text(server: Served, path: str, body: dict) -> httpx.Response:
+    """Send `body` as ASCII JSON, so lone surrogates travel as `\\ud800` escapes (valid JSON)
+    where a UTF-8 encoder would fail on them."""
+    headers = {"content-type": "application/json"}
+    return server.post(path, content=json.dumps(body).encode(), headers=headers)
+
+
+CHAT = {"model": "tiny-target", "max_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", OK | {"prompt": "\ud800 abc"}, "prompt"),
+        ("/v1/completions", OK | {"prompt": ["fine", "abc \udfff"]}, "prompt"),
+        ("/v1/completions", OK | {"stop": "\udc00"}, "stop"),
+        ("/v1/completions", OK | {"stop": ["a", "\ud800b"]}, "stop"),
+        (
+            "/v1/chat/completions",
+            CHAT | {"messages": [{"role": "user", "content": "\ud83d hi"}]},
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            CHAT
+            | {
+                "messages": [
+                    {"role": "system", "content": "fine"},
+                    {"role": "user", "content": [{"type": "text", "text": "x\udbff"}]},
+                ]
+            },
+            "messages[1].content",
+        ),
+        (
+            "/v1/chat/completions",
+            CHAT | {"messages": [{"role": "user", "content": "hi"}], "stop": ["\ud800"]},
+            "stop",
+        ),
+    ],
+)
+def test_lone_surrogates_are_refused_naming_the_field(
+    server: Served, path: str, body: dict, param: str
+) -> None:
+    response = post_json_text(server, path, body)
+    assert "lone surrogate" in error(response, 400)
+    assert response.json()["error"]["param"] == param
+
+
+def test_content_parts_other_than_text_are_refused_by_type(server: Served) -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    parts = [{"type": "text", "text": "what is this?"}, image]
+    response = server.post(
+        "/v1/chat/completions", json=CHAT | {"messages": [{"role": "user", "content": parts}]}
+    )
+    assert "'image_url'" in error(response, 400)
+    assert response.json()["error"]["param"] == "messages[0].content"
+
+
+def test_streaming_takes_one_prompt(server: Served) -> None:
+    response = server.post("/v1/completions", json=OK | {"prompt": ["a", "b"], "stream": True})
+    assert "one prompt" in error(response, 400)
+    assert response.json()["error"]["param"] == "prompt"
+
+
+def test_a_list_with_one_refused_prompt_is_refused_whole(server: Served) -> None:
+    before = invalid_count(server)
+    long = OK | {"max_tokens": 200, "ignore_eos": True}  # still running when refused
+    response = server.post("/v1/completions", json=long | {"prompt": ["x = ", "y = ", ""]})
+    assert "empty" in error(response, 400)
+    # one per prompt: the two queued before the refusal are withdrawn and count as invalid too
+    assert invalid_count(server) - before == 3
+    assert server.get("/admin/speculation").json()["running"] == 0
+
+
+def invalid_count(server: Served) -> float:
+    return total(parse(server.get("/metrics").text), contract.REQUESTS, outcome="invalid")
+
+
+def test_refused_requests_count_as_invalid(server: Served) -> None:
+    headers = {"content-type": "application/json"}
+    refusals = [
+        lambda: server.post("/v1/completions", json=OK | {"temperature": 5}),
+        lambda: server.post("/v1/completions", json=OK | {"n": 2}),
+        lambda: server.post("/v1/completions", json=OK | {"prompt": "x" * 400}),
+        lambda: server.post("/v1/completions", json=OK | {"model": "gpt-4"}),
+        lambda: server.post("/v1/completions", content=b"{not json", headers=headers),
+        lambda: server.post("/v1/completions", content=b"\xff\xfe", headers=headers),
+        lambda: server.post("/v1/completions", json=OK | {"prompt": "x" * (2 << 20)}),
+        lambda: server.post("/v1/chat/completions", json=CHAT | {"messages": []}),
+        lambda: post_json_text(server, "/v1/completions", OK | {"prompt": "\ud800"}),
+    ]
+    before = invalid_count(server)
+    for refuse in refusals:
+        assert 400 <= refuse().status_code < 500
+    # neither answers nor refusals outside the inference API count
+    assert server.post("/v1/completions", json=OK).status_code == 200
+    assert server.get("/v1/nothing").status_code == 404
+    assert server.put_admin({"k": 0}).status_code == 422
+    assert invalid_count(server) - before == len(refusals)

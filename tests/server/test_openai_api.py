@@ -102,3 +102,43 @@ def test_stop_string_ends_the_completion(client: OpenAI) -> None:
     )
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].text == text[: text.index(stop)]
+
+
+def test_completion_with_a_list_of_prompts(client: OpenAI) -> None:
+    prompts = ["def add(a, b):", "import os\n", "class A:\n"]
+    out = client.completions.create(
+        model="tiny-target",
+        prompt=prompts,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "length" for c in out.choices)
+    assert out.usage.prompt_tokens == sum(len(p.encode()) for p in prompts)
+    assert out.usage.completion_tokens == 3 * 6
+    for prompt, choice in zip(prompts, out.choices, strict=True):
+        alone = client.completions.create(
+            model="tiny-target",
+            prompt=prompt,
+            max_tokens=6,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert choice.text == alone.choices[0].text  # each choice answers its own prompt
+    ids = client.completions.create(model="tiny-target", prompt=[[10, 11], [12]], max_tokens=2)
+    assert len(ids.choices) == 2 and ids.usage.prompt_tokens == 3
+
+
+def test_chat_with_text_content_parts(client: OpenAI) -> None:
+    def answer(content: str | list[dict[str, str]]) -> str:
+        out = client.chat.completions.create(
+            model="tiny-target",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=8,
+            temperature=0,
+        )
+        return out.choices[0].message.content
+
+    parts = [{"type": "text", "text": "a loop"}, {"type": "text", "text": "in Python"}]
+    assert answer(parts) == answer("a loop\nin Python")  # text parts joined by newlines
