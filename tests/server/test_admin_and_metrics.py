@@ -188,15 +188,32 @@ def test_config_file_change_applies_and_an_invalid_file_is_rejected(server: Serv
     wait_for_threshold(server, None)
 
 
-def test_step_metrics_split_by_mode_and_batch_bucket(server: Served) -> None:
-    server.put_admin({"threshold": 0})
-    run_load(server, 1)
-    server.put_admin({"threshold": None})
-    with httpx.Client(timeout=120) as client, cf.ThreadPoolExecutor(6) as pool:
-        list(pool.map(lambda _: client.post(server.url + "/v1/completions", json=BODY), range(6)))
+def step_counts(server: Served) -> dict[tuple[str, str], float]:
+    """Decode iterations so far by (mode, batch bucket), from the step histogram."""
     samples = parse(server.get("/metrics").text)
-    buckets = {dict(lab)["batch"] for (n, lab) in samples if n == contract.STEP_OUTPUT_TOKENS}
-    assert "1" in buckets and len(buckets) >= 2
-    assert all(b.isdigit() and int(b) in contract.BATCH_BUCKETS for b in buckets)
-    modes = {dict(lab)["mode"] for (n, lab) in samples if n == contract.STEP_SECONDS + "_count"}
-    assert modes == {"spec", "plain"}
+    return {
+        (labels["mode"], labels["batch"]): value
+        for (name, lab), value in samples.items()
+        if name == contract.STEP_SECONDS + "_count" and (labels := dict(lab))
+    }
+
+
+def grown(before: dict, after: dict) -> dict:
+    return {key: n - before.get(key, 0) for key, n in after.items() if n > before.get(key, 0)}
+
+
+def test_step_metrics_split_by_mode_and_batch_bucket(server: Served) -> None:
+    """Each phase's iterations land under its own mode and under the batch buckets it ran."""
+    server.put_admin({"threshold": 0})
+    start = step_counts(server)
+    run_load(server, 1)
+    middle = step_counts(server)
+    plain = grown(start, middle)
+    assert {mode for mode, _ in plain} == {"plain"} and ("plain", "1") in plain
+    server.put_admin({"threshold": None})
+    bodies = [BODY | {"max_tokens": 6 * (i + 1)} for i in range(6)]  # the batch shrinks 6 -> 1
+    with httpx.Client(timeout=120) as client, cf.ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda b: client.post(server.url + "/v1/completions", json=b), bodies))
+    spec = grown(middle, step_counts(server))
+    assert {mode for mode, _ in spec} == {"spec"} and len(spec) >= 2
+    assert all(int(bucket) in contract.BATCH_BUCKETS for _, bucket in spec)
