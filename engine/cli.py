@@ -15,7 +15,18 @@ from spectune.engine.model import UnsupportedArchitecture
 from spectune.engine.sequence import InvalidRequest, SamplingParams
 from spectune.engine.zoo.registry import SIZES, cache_dir, resolve_model
 
-USER_ERRORS = (ModelNotFound, UnsupportedArchitecture, InvalidRequest, ValueError)
+
+class EngineDidNotStart(RuntimeError):
+    """`serve` stopped because its engine could not be built (a missing model, bad config)."""
+
+
+USER_ERRORS = (
+    ModelNotFound,
+    UnsupportedArchitecture,
+    InvalidRequest,
+    ValueError,
+    EngineDidNotStart,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -284,13 +295,20 @@ def _serve(args: argparse.Namespace) -> int:
     )
     shown = settings.model_dump(mode="json", exclude={"admin_token_file"})
     logging.getLogger("spectune.engine").info("settings: %s", json.dumps(shown))
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+    # When the engine cannot start, stop serving (the lambda finds `server` when it runs).
+    app = create_app(settings, on_failure=lambda: setattr(server, "should_exit", True))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+        )
     )
+    server.run()
+    if (failure := app.state.server.failure) is not None:
+        raise EngineDidNotStart(f"the engine did not start: {failure}")
     return 0
 
 

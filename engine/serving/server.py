@@ -152,10 +152,12 @@ class TokenFirst(APIRoute):
 class Server:
     """Owns the engine loop for the app's lifetime; routes call into it."""
 
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, on_failure: Callable[[], None]) -> None:
         self.settings = settings
+        self.on_failure = on_failure
         self.loop: EngineLoop | None = None
         self.ready = False
+        self.failure: Exception | None = None
         self.started = int(time.time())
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -175,6 +177,17 @@ class Server:
             dtype=s.dtype,
             seed=s.seed,
         )
+
+    async def start_or_fail(self) -> None:
+        """Load the engine in the background (probes answer meanwhile). A server whose engine
+        cannot start says why and stops, so that its pod restarts with the reason in its
+        status, instead of answering 503 on /readyz forever."""
+        try:
+            await self.startup()
+        except Exception as err:
+            self.failure = err
+            log.error("the engine did not start: %s", err)
+            self.on_failure()
 
     async def startup(self) -> None:
         config = self.engine_config()
@@ -392,12 +405,13 @@ def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-def create_app(settings: ServeSettings) -> FastAPI:
-    server = Server(settings)
+def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda: None) -> FastAPI:
+    """The app; `on_failure` is called when the engine cannot start (`serve` stops uvicorn)."""
+    server = Server(settings, on_failure)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        loading = asyncio.create_task(server.startup())
+        loading = asyncio.create_task(server.start_or_fail())
         watcher = asyncio.create_task(server.watch_config())
         try:
             yield

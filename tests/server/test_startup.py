@@ -1,0 +1,25 @@
+"""A server whose engine cannot start exits non-zero with the reason, instead of answering
+503 on /readyz forever (a pod then restarts and shows why)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import TOKEN, free_port
+
+
+def test_serve_exits_with_the_reason_when_its_model_is_missing(tmp_path: Path) -> None:
+    token = tmp_path / "admin-token"
+    token.write_text(TOKEN)
+    missing = tmp_path / "no-such-model"
+    done = subprocess.run(
+        [sys.executable, "-m", "spectune.engine.cli", "serve", "--model", str(missing),
+         "--method", "none", "--port", str(free_port()), "--admin-token-file", str(token)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("spectune-engine: error: the engine did not start: model ")
+    assert str(missing) in last and "no such directory" in last
