@@ -253,7 +253,11 @@ EOF
   # manager exits if it is denied at start.
   wait_for kube-apiserver 120
   log "starting kube-controller-manager, kube-scheduler and kwok"
+  # Without the Endpoints/EndpointSlice controllers: the API server refuses loopback endpoint
+  # addresses, so they would only warn (FailedToUpdateEndpoint) for every Service, again and
+  # again, and nothing here reads Endpoints (Prometheus discovers pods; no kube-proxy).
   start kube-controller-manager "$bin/kube-controller-manager" \
+    --controllers '*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller' \
     --kubeconfig "$pki/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig "$pki/kube-controller-manager.kubeconfig" \
     --authorization-kubeconfig "$pki/kube-controller-manager.kubeconfig" \

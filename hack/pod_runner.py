@@ -15,7 +15,12 @@ real engines at the pods' IPs exactly as they would in a cluster:
   rewritten to those files; `env` values, ConfigMap/Secret key references and the pod's
   name, namespace, IP and node name as field references are passed on;
 - an engine that exits is restarted with a back-off (restartPolicy Always), one whose pod goes
-  away or changes IP is stopped (SIGTERM, then SIGKILL after --stop-timeout).
+  away or changes IP is stopped (SIGTERM, then SIGKILL after --stop-timeout);
+- the pod is Ready only while its engine answers GET /readyz with 200, as a kubelet's readiness
+  probe would have it (kwok leaves pods unready): the runner writes the pod's Ready and
+  ContainersReady conditions and the container's status (ready, restartCount, state) through
+  the pods/status subresource, with the reason when it is not ready (still loading, exited,
+  crash-looping), so that Deployments count only engines that serve.
 
 It never runs an engine on an address outside 127.0.0.0/8: this machine may only send traffic
 to loopback. Engines stay in the runner's process group, so stopping the group (as
@@ -34,7 +39,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +60,12 @@ FIELD_REFS = {
     "spec.nodeName": lambda pod: pod.spec.node_name,
 }
 
+# A ready engine turns unready after this many failed probes in a row (a kubelet's default).
+FAILURE_THRESHOLD = 3
+PROBE_TIMEOUT = 2.0
+# Never through a proxy: engines listen on loopback pod IPs only.
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 log = logging.getLogger("pod-runner")
 
 
@@ -68,15 +82,29 @@ class EngineSpec:
     env: tuple[tuple[str, str], ...]
 
 
+@dataclass(frozen=True)
+class Readiness:
+    """What the pod's Ready condition says, and why when it is not ready."""
+
+    ready: bool
+    reason: str = ""
+    message: str = ""
+
+
 @dataclass
 class Engine:
-    """A running (or backing-off) engine process and its restart bookkeeping."""
+    """A running (or backing-off) engine process, its restart and readiness bookkeeping."""
 
     spec: EngineSpec
+    container: str
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
+    started_at: str = ""
     files: dict[Path, bytes] = field(default_factory=dict)
+    readiness: Readiness = Readiness(False)
+    failures: int = 0
+    last_exit: str = ""
 
 
 @dataclass
@@ -132,6 +160,68 @@ def rewrite_paths(argv: list[str], mounts: dict[str, Path]) -> list[str]:
         else:
             out.append(one(arg))
     return out
+
+
+def now_iso() -> str:
+    """Now as the client library writes the times it reads, so that equal states compare equal."""
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a log: usually the error an engine died of."""
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+
+
+def judge(probe_error: str | None, was: Readiness, failures: int, last_exit: str) -> Readiness:
+    """A kubelet's rule: ready on the first answered probe; a ready engine turns unready after
+    FAILURE_THRESHOLD failures in a row, one that is not ready yet stays so. While it has not
+    been ready since it last exited, the exit says more than a refused connection."""
+    if probe_error is None:
+        return Readiness(True)
+    if was.ready and failures < FAILURE_THRESHOLD:
+        return was
+    if last_exit:
+        return Readiness(False, "EngineExited", last_exit)
+    return Readiness(False, "EngineNotReady", f"engine not ready: {probe_error}")
+
+
+def status_patch(
+    status: dict[str, Any],
+    container: str,
+    readiness: Readiness,
+    restarts: int,
+    state: dict[str, Any],
+    now: str,
+) -> dict[str, Any] | None:
+    """The pods/status strategic merge patch that makes `status` (the pod's, as the API writes
+    it) say `readiness`, or None when it already does. Conditions merge by type; the container
+    statuses are a whole list (atomic), so the others are carried over as they are."""
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    value = "True" if readiness.ready else "False"
+    wanted = {"status": value, "reason": readiness.reason, "message": readiness.message}
+    statuses = status.get("containerStatuses") or []
+    mine = next((c for c in statuses if c.get("name") == container), {"name": container})
+    new_mine = mine | {"ready": readiness.ready, "restartCount": restarts, "state": state}
+    if new_mine == mine and all(
+        {k: conditions.get(t, {}).get(k) or "" for k in wanted} == wanted
+        for t in ("Ready", "ContainersReady")
+    ):
+        return None
+    patched = []
+    for type_ in ("Ready", "ContainersReady"):
+        before = conditions.get(type_, {})
+        since = before.get("lastTransitionTime") if before.get("status") == value else now
+        patched.append(
+            {
+                "type": type_,
+                "status": value,
+                "reason": readiness.reason or None,  # null removes it
+                "message": readiness.message or None,
+                "lastTransitionTime": since or now,
+            }
+        )
+    others = [c for c in statuses if c.get("name") != container]
+    return {"status": {"conditions": patched, "containerStatuses": [*others, new_mine]}}
 
 
 class Runner:
@@ -225,8 +315,8 @@ class Runner:
                     raise SkipPod(f"{kind} {ref.name} has no key {ref.key}")
         return env
 
-    def spec_of(self, pod: Any) -> tuple[EngineSpec, dict[Path, bytes]]:
-        """The engine a Running pod asks for, and the volume files it needs."""
+    def spec_of(self, pod: Any) -> tuple[EngineSpec, dict[Path, bytes], str]:
+        """The engine a Running pod asks for, the volume files it needs, its container's name."""
         ip = pod.status.pod_ip
         if ipaddress.ip_address(ip) not in LOOPBACK:
             raise SkipPod(f"pod IP {ip} is not loopback; refusing to serve on it")
@@ -249,10 +339,10 @@ class Runner:
             argv=full,
             env=tuple(sorted(self.env_of(pod, container).items())),
         )
-        return spec, files
+        return spec, files, container.name
 
-    def wanted(self) -> dict[str, tuple[EngineSpec, dict[Path, bytes]]]:
-        """Engines that should run now, by pod UID."""
+    def wanted(self) -> dict[str, tuple[EngineSpec, dict[Path, bytes], str, dict[str, Any]]]:
+        """Engines that should run now, by pod UID, with their pod's status as the API has it."""
         pods = self.core.list_pod_for_all_namespaces(label_selector=self.selector).items
         out = {}
         for pod in pods:
@@ -263,7 +353,8 @@ class Runner:
             ):
                 continue
             try:
-                out[pod.metadata.uid] = self.spec_of(pod)
+                status = self.core.api_client.sanitize_for_serialization(pod.status)
+                out[pod.metadata.uid] = (*self.spec_of(pod), status)
             except SkipPod as e:
                 log.warning("not running %s/%s: %s", pod.metadata.namespace, pod.metadata.name, e)
         return out
@@ -292,6 +383,8 @@ class Runner:
                 spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=REPO,
             )  # fmt: skip
+        engine.started_at = now_iso()
+        engine.failures = 0
         log.info(
             "started engine for %s/%s on %s:%d (pid %d)",
             spec.namespace, spec.name, spec.host, spec.port, engine.proc.pid,
@@ -324,35 +417,88 @@ class Runner:
         self.stopping = left
 
     def sync(self) -> None:
-        """One pass: start, restart, update and stop engines to match the pods."""
+        """One pass: start, restart, update and stop engines to match the pods, and write back
+        whether each is ready."""
         wanted = self.wanted()
         for uid in list(self.engines):
             if uid not in wanted:
                 self.stop(self.engines.pop(uid), "pod gone")
         now = time.monotonic()
-        for uid, (spec, files) in wanted.items():
+        for uid, (spec, files, container, status) in wanted.items():
             engine = self.engines.get(uid)
             if engine is not None and engine.spec != spec:
                 self.stop(self.engines.pop(uid), "pod spec changed")
                 engine = None
             if engine is None:
-                engine = self.engines[uid] = Engine(spec)
+                engine = self.engines[uid] = Engine(spec, container)
             if files != engine.files:
                 self.write_files(files)
                 engine.files = files
-            if engine.proc is not None and engine.proc.poll() is not None:
-                code = engine.proc.returncode
-                engine.proc = None
-                engine.restarts += 1
-                delay = min(2.0 ** min(engine.restarts, 5), 30.0)
-                engine.next_start = now + delay
-                log.warning(
-                    "engine for %s/%s exited with %s; restart %d in %.0f s",
-                    spec.namespace, spec.name, code, engine.restarts, delay,
-                )  # fmt: skip
+            if engine.proc is not None and (code := engine.proc.poll()) is not None:
+                self.exited(engine, code, now)
             if engine.proc is None and now >= engine.next_start:
                 self.start(engine)
+            self.report(engine, status)
         self.reap()
+
+    def exited(self, engine: Engine, code: int, now: float) -> None:
+        """Book an engine's exit: back off before the restart, and say why it is down."""
+        spec = engine.spec
+        engine.proc = None
+        engine.restarts += 1
+        delay = min(2.0 ** min(engine.restarts, 5), 30.0)
+        engine.next_start = now + delay
+        log_file = self.log_dir / f"{spec.namespace}_{spec.name}.log"
+        tail = last_line(log_file.read_text(errors="replace")) if log_file.exists() else ""
+        engine.last_exit = f"engine exited with code {code}" + (f": {tail[:300]}" if tail else "")
+        engine.readiness = Readiness(False, "EngineExited", engine.last_exit)
+        log.warning(
+            "engine for %s/%s exited with %s; restart %d in %.0f s",
+            spec.namespace, spec.name, code, engine.restarts, delay,
+        )  # fmt: skip
+
+    def probe(self, engine: Engine) -> str | None:
+        """GET /readyz on the engine: None when it answers 200, else what went wrong."""
+        url = f"http://{engine.spec.host}:{engine.spec.port}/readyz"
+        try:
+            with HTTP.open(url, timeout=PROBE_TIMEOUT) as r:
+                return None if r.status == 200 else f"GET /readyz answered {r.status}"
+        except urllib.error.HTTPError as e:
+            e.close()
+            return f"GET /readyz answered {e.code}"
+        except OSError as e:
+            return f"GET /readyz: {getattr(e, 'reason', e)}"
+
+    def report(self, engine: Engine, status: dict[str, Any]) -> None:
+        """Probe a running engine and write its readiness into the pod's status if it moved."""
+        if engine.proc is not None:
+            error = self.probe(engine)
+            engine.failures = 0 if error is None else engine.failures + 1
+            engine.readiness = judge(error, engine.readiness, engine.failures, engine.last_exit)
+            if engine.readiness.ready:
+                engine.last_exit = ""
+            state = {"running": {"startedAt": engine.started_at}}
+        else:
+            state = {"waiting": {"reason": "CrashLoopBackOff", "message": engine.last_exit}}
+        patch = status_patch(
+            status, engine.container, engine.readiness, engine.restarts, state, now_iso()
+        )
+        if patch is None:
+            return
+        spec = engine.spec
+        try:
+            self.core.patch_namespaced_pod_status(
+                spec.name, spec.namespace, patch,
+                _content_type="application/strategic-merge-patch+json",
+            )  # fmt: skip
+        except ApiException as e:  # the pod went away meanwhile: the next pass stops its engine
+            log.warning("pod %s/%s: status not written: %s", spec.namespace, spec.name, e.reason)
+            return
+        log.info(
+            "pod %s/%s %s%s", spec.namespace, spec.name,
+            "ready" if engine.readiness.ready else "not ready",
+            f": {engine.readiness.message}" if engine.readiness.message else "",
+        )  # fmt: skip
 
     def shutdown(self) -> None:
         """Stop every engine and wait for them (bounded by the stop timeout)."""

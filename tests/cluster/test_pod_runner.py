@@ -1,6 +1,8 @@
 """The pod runner gives an engine what the kubelet would: ConfigMap and Secret volumes as files
 at the paths its arguments name, kept in step with the objects (the engine watches its config
-file), and `env`. The operator configures engines exactly this way."""
+file), and `env`; and it reports the engine's readiness in the pod's status, so the pod is
+Ready only once its engine answers /readyz, and says why not when the engine exits. The
+operator configures engines exactly this way."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from tests.cluster.support import ENGINE_LABEL, Cluster, wait_until
 pytestmark = pytest.mark.cluster
 
 PORT = 8100
+# Engines listen on loopback pod IPs: never through a proxy.
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 TOKEN = "s3cret-admin-token"
 
 
@@ -97,18 +101,34 @@ def speculation(base: str, body: dict[str, Any] | None = None, token: str = TOKE
         method="GET" if body is None else "PUT",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=5) as r:
+    with HTTP.open(request, timeout=5) as r:
         return json.load(r)
 
 
-def test_config_secret_and_env_reach_the_engine(configured_engine: tuple[str, Any]) -> None:
-    _, pod = configured_engine
+def ready_condition(pod: Any) -> Any:
+    return next((c for c in pod.status.conditions or [] if c.type == "Ready"), None)
+
+
+def test_config_secret_and_env_reach_the_engine(
+    cluster: Cluster, configured_engine: tuple[str, Any]
+) -> None:
+    ns, pod = configured_engine
     base = f"http://{pod.status.pod_ip}:{PORT}"
     wait_until("the engine to be ready", lambda: speculation(base), timeout=180)
+
+    def pod_ready() -> Any:
+        with cluster.api() as api:
+            live = client.CoreV1Api(api).read_namespaced_pod(pod.metadata.name, ns)
+        return live if ready_condition(live).status == "True" else None
+
+    live = wait_until("the pod to be Ready", pod_ready)
+    assert live.status.container_statuses[0].ready
+    with HTTP.open(f"{base}/readyz", timeout=5) as r:
+        assert r.status == 200
     state = speculation(base)
     assert json.dumps(state).count('"threshold": 5') >= 1, state
 
-    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+    with HTTP.open(f"{base}/metrics", timeout=5) as r:
         metrics = r.read().decode()
     info = next(line for line in metrics.splitlines() if line.startswith("spectune_engine_info"))
     assert 'model="tiny-target"' in info, info
@@ -132,3 +152,38 @@ def test_a_changed_config_map_reaches_the_running_engine(
         lambda: '"threshold": 7' in json.dumps(speculation(base)),
         timeout=60,
     )
+
+
+def test_a_pod_whose_engine_exits_is_not_ready_and_says_why(
+    cluster: Cluster, configured_engine: tuple[str, Any]
+) -> None:
+    ns, _ = configured_engine
+    labels = {**ENGINE_LABEL, "app.kubernetes.io/instance": "crashing"}
+    pod = {
+        "metadata": {"name": "crashing", "labels": labels},
+        "spec": {
+            "containers": [{
+                "name": "engine",
+                "image": "spectune/engine:dev",
+                "args": ["--k", "0"],  # the engine refuses it and exits
+                "ports": [{"name": "http", "containerPort": PORT}],
+            }],
+        },
+    }  # fmt: skip
+    with cluster.api() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespaced_pod(ns, pod)
+
+        def crash_looping() -> Any:
+            live = core.read_namespaced_pod("crashing", ns)
+            ready = ready_condition(live)
+            statuses = live.status.container_statuses or []
+            restarted = bool(statuses) and statuses[0].restart_count >= 2
+            return ready if ready and ready.reason == "EngineExited" and restarted else None
+
+        ready = wait_until("the pod to say its engine exits", crash_looping, timeout=120)
+        assert ready.status == "False"
+        assert ready.message.startswith("engine exited with code 2: spectune-engine: error:")
+        assert "speculation.k" in ready.message
+        (status,) = core.read_namespaced_pod("crashing", ns).status.container_statuses
+        assert not status.ready

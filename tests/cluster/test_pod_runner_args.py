@@ -1,5 +1,6 @@
-"""How the pod runner turns a pod's container into an engine command line (no cluster needed):
-the runner, not the pod, decides the address an engine binds, and mounted files must resolve."""
+"""The pod runner's decisions, without a cluster: how a pod's container becomes an engine
+command line (the runner, not the pod, decides the address an engine binds, and mounted files
+must resolve), and what the pod's status says about the engine's readiness."""
 
 from __future__ import annotations
 
@@ -47,3 +48,83 @@ def test_paths_under_mounts_point_at_the_runners_files() -> None:
         "--config", "/s/cfg/engine.yaml", "--admin-token-file=/s/tok/t",
         "--model", "/etc/spectunex/m",
     ]  # fmt: skip
+
+
+Readiness = runner.Readiness
+NOT_READY = Readiness(False, "EngineNotReady", "engine not ready: GET /readyz answered 503")
+
+
+def test_readiness_follows_the_probe_as_a_kubelet_would() -> None:
+    assert runner.judge(None, NOT_READY, 0, "") == Readiness(True)
+    assert runner.judge("GET /readyz answered 503", Readiness(False), 1, "") == NOT_READY
+    # A ready engine survives a slow answer or two, not FAILURE_THRESHOLD of them.
+    limit = runner.FAILURE_THRESHOLD
+    assert runner.judge("timed out", Readiness(True), limit - 1, "") == Readiness(True)
+    assert not runner.judge("timed out", Readiness(True), limit, "").ready
+    # After an exit, the exit is the reason until the engine is ready again.
+    exit_ = "engine exited with code 1: ModelNotFound: /models/none"
+    assert runner.judge("refused", Readiness(False), 1, exit_) == Readiness(
+        False, "EngineExited", exit_
+    )
+
+
+def test_last_line_is_the_error_an_engine_died_of() -> None:
+    assert runner.last_line("loading\nValueError: no such model\n\n") == "ValueError: no such model"
+    assert runner.last_line("") == ""
+
+
+STATUS = {
+    "phase": "Running",
+    "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t0"},
+        {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": "m",
+         "lastTransitionTime": "t0"},
+        {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady",
+         "message": "m", "lastTransitionTime": "t0"},
+    ],
+    "containerStatuses": [
+        {"name": "sidecar", "ready": True, "restartCount": 0, "state": {"running": {}}},
+        {"name": "engine", "ready": False, "restartCount": 0, "image": "i",
+         "state": {"running": {"startedAt": "t0"}}},
+    ],
+}  # fmt: skip
+RUNNING = {"running": {"startedAt": "t1"}}
+
+
+def apply(status: dict, patch: dict) -> dict:
+    """What the API server makes of the strategic merge patch (conditions merge by type)."""
+    conditions = {c["type"]: c for c in status["conditions"]}
+    for c in patch["status"]["conditions"]:
+        conditions[c["type"]] = {k: v for k, v in c.items() if v is not None}
+    return status | {
+        "conditions": list(conditions.values()),
+        "containerStatuses": patch["status"]["containerStatuses"],
+    }
+
+
+def test_status_patch_makes_the_pod_ready_and_then_has_nothing_to_do() -> None:
+    patch = runner.status_patch(STATUS, "engine", Readiness(True), 0, RUNNING, "t1")
+    assert patch is not None
+    conditions = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert set(conditions) == {"Ready", "ContainersReady"}
+    assert conditions["Ready"] == {"type": "Ready", "status": "True", "reason": None,
+                                   "message": None, "lastTransitionTime": "t1"}  # fmt: skip
+    statuses = {c["name"]: c for c in patch["status"]["containerStatuses"]}
+    assert statuses["sidecar"] == STATUS["containerStatuses"][0]  # the list is replaced whole
+    assert statuses["engine"]["ready"] is True and statuses["engine"]["image"] == "i"
+    assert statuses["engine"]["state"] == RUNNING
+    after = apply(STATUS, patch)
+    assert runner.status_patch(after, "engine", Readiness(True), 0, RUNNING, "t2") is None
+
+
+def test_status_patch_says_why_and_keeps_the_transition_time_while_the_status_holds() -> None:
+    crashed = Readiness(False, "EngineExited", "engine exited with code 1: boom")
+    waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": crashed.message}}
+    patch = runner.status_patch(STATUS, "engine", crashed, 2, waiting, "t5")
+    assert patch is not None
+    ready = next(c for c in patch["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "EngineExited"
+    assert ready["message"] == crashed.message and ready["lastTransitionTime"] == "t0"
+    engine = patch["status"]["containerStatuses"][-1]
+    assert engine["restartCount"] == 2 and engine["state"] == waiting
+    assert runner.status_patch(apply(STATUS, patch), "engine", crashed, 2, waiting, "t6") is None

@@ -1,9 +1,11 @@
 """Deployments that ask for GPUs become Running pods on the fake GPU nodes, through the real
-controller manager, scheduler and kwok, with pod IPs inside the nodes' loopback pod CIDRs."""
+controller manager, scheduler and kwok, with pod IPs inside the nodes' loopback pod CIDRs; and
+Services there make no noise (no Endpoints controller warning about those loopback IPs)."""
 
 from __future__ import annotations
 
 import ipaddress
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -105,3 +107,28 @@ def test_more_gpus_than_a_node_has_stay_pending(cluster: Cluster, namespace: str
         wait_until("the scheduler to report the pod unschedulable", unschedulable)
         (pod,) = core.list_namespaced_pod(namespace, label_selector="app=huge").items
         assert pod.status.phase == "Pending" and not pod.spec.node_name
+
+
+def test_a_service_over_loopback_pods_raises_no_endpoint_warnings(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The API server refuses loopback endpoint addresses, so Endpoints controllers would warn
+    about every Service forever; cluster.sh leaves them off."""
+    with cluster.api() as api:
+        core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        apps.create_namespaced_deployment(namespace, gpu_deployment("web", 1, 1))
+        wait_until("a Running pod", lambda: running_pods(core, namespace, "web", 1))
+        service = {
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        }
+        core.create_namespaced_service(namespace, service)
+        time.sleep(8)  # the controllers would have synced the Service within this
+        events = core.list_namespaced_event(namespace).items
+        endpoint_events = [
+            f"{e.reason}: {e.message}"
+            for e in events
+            if (e.reason or "").startswith("FailedToUpdateEndpoint")
+        ]
+        assert endpoint_events == []
+        assert core.list_namespaced_endpoints(namespace).items == []
