@@ -19,6 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--liveness", default="http://127.0.0.1:8080/healthz", help="kopf's liveness endpoint"
     )
+    run.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING"],
+        help="DEBUG also shows every handler run",
+    )
     args = parser.parse_args(argv)
     if args.command == "crd":
         from spectune.operator.crd import crd_yaml
@@ -36,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     from spectune.operator import handlers
 
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("spectune.operator").info(
         "starting: namespaces=%s peering=%s priority=%d resync=%.0fs",

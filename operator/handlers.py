@@ -7,13 +7,15 @@ so a child edited or deleted by hand is repaired at the next resync.
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
-from spectune.operator import kube, render
+from spectune.operator import kube, logs, render
 from spectune.operator.models import (
     GROUP,
     PLURAL,
@@ -22,7 +24,7 @@ from spectune.operator.models import (
     ThresholdStatus,
     parse_spec,
 )
-from spectune.operator.status import rollout_conditions, threshold_status
+from spectune.operator.status import rollout_conditions, threshold_status, unready_pods
 
 RESYNC_SECONDS = 10.0
 ANNOTATION_PREFIX = "spectune.io"
@@ -38,6 +40,14 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=ANNOTATION_PREFIX
     )
     settings.posting.level = 20  # INFO: Events tell users what the operator did
+    settings.posting.reporting_instance = reporting_instance()
+    logs.demote_handler_successes()
+
+
+def reporting_instance() -> str:
+    """Which replica posted an Event: the pod's name (its hostname), and the process, as
+    replicas outside a cluster share one host."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def children(
@@ -46,7 +56,7 @@ def children(
     config = render.engine_config(spec, threshold, spec.tuning.explorationPercent)
     objs = [
         render.config_map(name, namespace, config),
-        render.deployment(name, namespace, spec),
+        render.deployment(name, namespace, spec, config),
         render.service(name, namespace, spec),
     ]
     if kube.api_available("monitoring.coreos.com/v1", "PodMonitor"):
@@ -97,8 +107,9 @@ def reconcile(
     }
     rollout = live["Deployment"].get("status") or {}
     now = datetime.now(UTC).replace(microsecond=0)
+    unready = unready_pods(kube.list_pods(namespace, render.selector_string(name)))
     conditions = rollout_conditions(
-        desired.replicas, rollout, list(status.get("conditions") or []), now
+        desired.replicas, rollout, unready, list(status.get("conditions") or []), now
     )
     patch.status.update(
         {

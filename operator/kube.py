@@ -69,6 +69,12 @@ def create_if_absent(obj: dict[str, Any]) -> bool:
     return True
 
 
+def list_pods(namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    """The pods matching a selector, as plain dicts."""
+    pods = dynamic().resources.get(api_version="v1", kind="Pod")
+    return pods.get(namespace=namespace, label_selector=label_selector).to_dict()["items"]
+
+
 def api_available(api_version: str, kind: str) -> bool:
     """Whether the cluster serves this kind (e.g. PodMonitor only with the Prometheus operator)."""
     try:

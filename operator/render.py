@@ -1,12 +1,15 @@
 """Children of a SpecDeployment, rendered as plain dicts by pure functions.
 
-The engine's speculation settings live in a ConfigMap mounted into every pod; the
-engine watches that file, so a new threshold reaches running pods without a restart
-(and the pod template deliberately carries no hash of it).
+The engine's settings live in a ConfigMap mounted into every pod. The engine watches
+that file but reloads only the run-time part of its speculation section (threshold,
+hysteresis, exploration), so the pod template carries a hash of everything else: a new
+model, draft, method, k, SLO or batch limit rolls the Deployment, a new threshold does not.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import yaml
@@ -19,6 +22,9 @@ TOKEN_DIR = "/var/run/spectune"
 TOKEN_KEY = "admin-token"
 ENGINE_LABEL = "spectune-engine"
 GPU_RESOURCE = "nvidia.com/gpu"
+CONFIG_HASH_ANNOTATION = "spectune.io/start-config-hash"
+# The engine applies these from its watched config file without a restart.
+RELOADED_SPECULATION = frozenset({"threshold", "hysteresis", "exploration"})
 
 
 def labels(name: str) -> dict[str, str]:
@@ -71,6 +77,16 @@ def engine_config(
     return config
 
 
+def start_config_hash(config: dict[str, Any]) -> str:
+    """A hash of the settings the engine reads only at start: it changes, and so rolls the
+    pods, exactly when a running engine could not take the new config file as it is."""
+    speculation = config.get("speculation") or {}
+    fixed = config | {
+        "speculation": {k: v for k, v in speculation.items() if k not in RELOADED_SPECULATION}
+    }
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def config_map(name: str, namespace: str, config: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -114,7 +130,10 @@ def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def deployment(name: str, namespace: str, spec: SpecDeploymentSpec) -> dict[str, Any]:
+def deployment(
+    name: str, namespace: str, spec: SpecDeploymentSpec, config: dict[str, Any]
+) -> dict[str, Any]:
+    """The engine Deployment; `config` is the engine_config() its ConfigMap carries."""
     port = spec.engine.port
     names = child_names(name)
     container = {
@@ -156,6 +175,7 @@ def deployment(name: str, namespace: str, spec: SpecDeploymentSpec) -> dict[str,
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),
         "prometheus.io/path": "/metrics",
+        CONFIG_HASH_ANNOTATION: start_config_hash(config),
     }
     return {
         "apiVersion": "apps/v1",

@@ -38,10 +38,40 @@ def condition(
     )
 
 
+def unready_pods(pods: list[dict[str, Any]]) -> list[str]:
+    """`name: why` for each engine pod that exists, is not going away and is not Ready, with
+    the reason its kubelet (here the pod runner) wrote: what a user needs when engines fail."""
+    out = []
+    for pod in pods:
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+        if ready.get("status") != "True":
+            why = ready.get("message") or ready.get("reason") or "not ready"
+            out.append(f"{pod['metadata']['name']}: {why}")
+    return sorted(out)
+
+
+def ready_message(ready: int, desired: int, unready: list[str]) -> str:
+    """How many engines serve, and why the first unready one does not."""
+    message = f"{ready}/{desired} engine replicas ready"
+    if unready and ready < desired:
+        more = f" (and {len(unready) - 1} more)" if len(unready) > 1 else ""
+        message += f"; {unready[0]}{more}"
+    return message
+
+
 def rollout_conditions(
-    desired: int, deployment_status: dict[str, Any], previous: list[dict], now: datetime
+    desired: int,
+    deployment_status: dict[str, Any],
+    unready: list[str],
+    previous: list[dict],
+    now: datetime,
 ) -> list[Condition]:
-    """Ready / Progressing / Degraded from the engine Deployment's status."""
+    """Ready / Progressing / Degraded from the engine Deployment's status: its readyReplicas
+    count the pods whose engines answer their readiness probe. `unready` (see unready_pods)
+    says why the others do not."""
     ready = deployment_status.get("readyReplicas") or 0
     updated = deployment_status.get("updatedReplicas") or 0
     total = deployment_status.get("replicas") or 0
@@ -59,7 +89,7 @@ def rollout_conditions(
             "Ready",
             settled,
             "AllReplicasReady" if settled else "ReplicasNotReady",
-            f"{ready}/{desired} engine replicas ready",
+            ready_message(ready, desired, unready),
             now,
             previous,
         ),

@@ -94,7 +94,12 @@ def _served(api: client.ApiClient) -> bool:
 
 
 def start_operator(
-    cluster: Cluster, admin: client.ApiClient, tmp: Path, rules: list[dict], priority: int = 100
+    cluster: Cluster,
+    admin: client.ApiClient,
+    tmp: Path,
+    rules: list[dict],
+    priority: int = 100,
+    log_level: str = "INFO",
 ) -> tuple[subprocess.Popen, Path]:
     name = f"spectune-operator-{uuid.uuid4().hex[:6]}"
     bind_operator(admin, name, rules)
@@ -112,6 +117,8 @@ def start_operator(
         str(priority),
         "--liveness",
         f"http://127.0.0.1:{8000 + priority}/healthz",
+        "--log-level",
+        log_level,
     ]
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT), log
 

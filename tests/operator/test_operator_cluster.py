@@ -1,10 +1,16 @@
-"""The operator against the real local API server: create, scale, drift repair, GC,
-admission of invalid specs, printer columns."""
+"""The operator against the real local API server and the real engines behind its pods
+(the pod runner): create, scale, drift repair, GC, admission of invalid specs, printer columns,
+readiness from the engines themselves, which changes roll the pods and which do not, and a log
+that stays quiet about resyncs."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -12,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from spectune.operator import render
-from tests.cluster.support import REPO, wait_until
+from tests.cluster.support import REPO, is_loopback, wait_until
 
 from .conftest import (
     GROUP,
@@ -27,6 +33,47 @@ from .conftest import (
 
 pytestmark = pytest.mark.cluster
 POD_MONITOR_CRD = Path(__file__).parent / "podmonitor-crd.yaml"
+PORT = 8000  # the SpecDeployment's default engine port
+# Engines listen on loopback pod IPs: never through a proxy.
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def engine_get(pod: Any, path: str) -> Any:
+    """GET a path of the real engine behind a pod, at the pod's IP, as a client in a cluster."""
+    assert is_loopback(pod.status.pod_ip), pod.status.pod_ip
+    with HTTP.open(f"http://{pod.status.pod_ip}:{PORT}{path}", timeout=5) as r:
+        return json.load(r)
+
+
+def ready_pods(admin: client.ApiClient, namespace: str, name: str) -> list[Any]:
+    """The SpecDeployment's pods that are Ready and not going away."""
+    pods = client.CoreV1Api(admin).list_namespaced_pod(
+        namespace, label_selector=render.selector_string(name)
+    )
+    return [
+        p
+        for p in pods.items
+        if p.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+    ]
+
+
+def all_ready(admin: client.ApiClient, namespace: str, name: str, n: int) -> list[Any] | None:
+    """The ready pods once there are exactly n of them."""
+    pods = ready_pods(admin, namespace, name)
+    return pods if len(pods) == n else None
+
+
+def sd_condition(admin: client.ApiClient, namespace: str, name: str, type_: str) -> dict:
+    conditions = get_sd(admin, namespace, name).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+def assert_engines_serve(pods: list[Any], model: str, threshold: int | None) -> None:
+    """Each engine serves the model the spec names and runs the threshold the operator set."""
+    for pod in pods:
+        assert [m["id"] for m in engine_get(pod, "/v1/models")["data"]] == [model]
+        assert engine_get(pod, "/admin/speculation")["threshold"] == threshold
 
 
 def test_create_gives_children_status_and_events(cluster, admin, operator, namespace) -> None:
@@ -55,6 +102,9 @@ def test_create_gives_children_status_and_events(cluster, admin, operator, names
     assert conditions["Ready"]["status"] == "True"
     events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=llm").items
     assert any(e.reason == "Created" for e in events)
+    pods = ready_pods(admin, namespace, "llm")
+    assert len(pods) == 2
+    assert_engines_serve(pods, "tiny-target", 6)
     table = kubectl(cluster, "get", "sd", "llm", "-n", namespace)
     header, row = table.splitlines()[:2]
     assert header.split() == [
@@ -150,13 +200,124 @@ def test_the_example_becomes_ready(cluster, admin, operator, namespace) -> None:
         )
 
     wait_until("the example to be Ready", ready, timeout=180)
-    pods = client.CoreV1Api(admin).list_namespaced_pod(
-        namespace, label_selector=render.selector_string("tiny")
+    pods = ready_pods(admin, namespace, "tiny")
+    assert len(pods) == 2
+    assert {p.spec.node_name for p in pods} <= {"gpu-h100-0", "gpu-h100-1"}  # its nodeSelector
+    assert_engines_serve(pods, "tiny-target", 8)
+    assert all(engine_get(p, "/admin/speculation")["method"] == "draft" for p in pods)
+
+
+def test_engines_that_cannot_start_keep_the_specdeployment_not_ready(
+    cluster, admin, operator, namespace
+) -> None:
+    create(admin, namespace, sd("broken", model={"name": "/models/does-not-exist"}))
+    core = client.CoreV1Api(admin)
+
+    def refused() -> list[Any] | None:
+        """Both pods Running, and the pod runner has said why their engines are not ready."""
+        pods = core.list_namespaced_pod(
+            namespace, label_selector=render.selector_string("broken")
+        ).items
+        said = [
+            p
+            for p in pods
+            if p.status.phase == "Running"
+            and any(
+                c.type == "Ready" and c.status == "False" and (c.reason or "").startswith("Engine")
+                for c in p.status.conditions or []
+            )
+        ]
+        return said if len(said) == 2 else None
+
+    pods = wait_until("the engines' pods to be Running and not Ready", refused, timeout=120)
+
+    def explained() -> dict | None:
+        ready = sd_condition(admin, namespace, "broken", "Ready")
+        return ready if "no such directory" in ready.get("message", "") else None
+
+    # The engine exits with the reason; the pod runner reports it as the kubelet would.
+    ready = wait_until("the SpecDeployment to say why it is not Ready", explained)
+    assert ready["status"] == "False" and ready["reason"] == "ReplicasNotReady"
+    assert ready["message"].startswith("0/2 engine replicas ready; broken-")
+    assert "the engine did not start: model " in ready["message"]
+    assert get_sd(admin, namespace, "broken")["status"]["readyReplicas"] == 0
+    assert (
+        kubectl(cluster, "get", "sd", "broken", "-n", namespace).splitlines()[1].split()[2] == "0"
     )
-    assert {p.spec.node_name for p in pods.items} <= {
-        "gpu-h100-0",
-        "gpu-h100-1",
-    }  # its nodeSelector
+    assert not any(p.status.container_statuses[0].ready for p in pods)
+
+
+def test_start_settings_roll_the_pods_and_the_threshold_does_not(
+    cluster, admin, operator, namespace
+) -> None:
+    custom, apps = client.CustomObjectsApi(admin), client.AppsV1Api(admin)
+    create(admin, namespace, sd("llm"))
+    first = wait_until(
+        "2 ready engines", lambda: all_ready(admin, namespace, "llm", 2), timeout=180
+    )
+    assert_engines_serve(first, "tiny-target", 6)
+    started = {p.metadata.uid: engine_get(p, "/v1/models")["data"][0]["created"] for p in first}
+    generation = apps.read_namespaced_deployment("llm", namespace).metadata.generation
+
+    # The threshold reloads from the ConfigMap: the same pods, the same engine processes.
+    threshold = {"speculation": {"threshold": {"value": 9}}}
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "llm", {"spec": threshold}
+    )
+    wait_until(
+        "the engines to run threshold 9",
+        lambda: all(engine_get(p, "/admin/speculation")["threshold"] == 9 for p in first),
+        timeout=90,
+    )
+    assert apps.read_namespaced_deployment("llm", namespace).metadata.generation == generation
+    pods = client.CoreV1Api(admin).list_namespaced_pod(
+        namespace, label_selector=render.selector_string("llm")
+    )
+    assert {p.metadata.uid for p in pods.items} == set(started)  # no surge pod either
+    same = ready_pods(admin, namespace, "llm")
+    assert {
+        p.metadata.uid: engine_get(p, "/v1/models")["data"][0]["created"] for p in same
+    } == started
+
+    # k is read at start: new pods replace the old ones, and their engines run the new k.
+    custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        "llm",
+        {"spec": {"speculation": {"numSpeculativeTokens": 3}}},
+    )
+
+    def rolled() -> list[Any] | None:
+        pods = ready_pods(admin, namespace, "llm")
+        fresh = [p for p in pods if p.metadata.uid not in started]
+        return fresh if len(pods) == len(fresh) == 2 else None
+
+    replaced = wait_until("the pods to be replaced", rolled, timeout=240)
+    assert_engines_serve(replaced, "tiny-target", 9)
+    assert all(engine_get(p, "/admin/speculation")["k"] == 3 for p in replaced)
+
+
+def test_the_log_is_quiet_about_resyncs(admin, operator, namespace) -> None:
+    """kopf would log "Timer 'reconcile' succeeded." at INFO every 10 s per SpecDeployment."""
+    create(admin, namespace, sd("quiet", replicas=0))
+    core = client.CoreV1Api(admin)
+    created = time.monotonic()
+    wait_until(
+        "the ConfigMap",
+        lambda: _get(core.read_namespaced_config_map, "quiet-engine-config", namespace),
+    )
+    core.delete_namespaced_config_map("quiet-engine-config", namespace)
+    wait_until(  # only the resync timer brings it back: it has run
+        "the ConfigMap recreated",
+        lambda: _get(core.read_namespaced_config_map, "quiet-engine-config", namespace),
+    )
+    time.sleep(max(0.0, 25 - (time.monotonic() - created)))
+    log = operator.read_text()
+    assert "Creation is processed" in log  # kopf's other INFO lines are still there
+    successes = re.findall(r"^.* INFO kopf\.objects: .*succeeded\.$", log, re.MULTILINE)
+    assert successes == []
 
 
 def test_pod_monitor_is_rendered_when_the_prometheus_operator_crd_exists(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from spectune.engine.serving.settings import ServeSettings
@@ -35,7 +36,7 @@ def test_engine_config_is_a_valid_engine_settings_file() -> None:
 
 
 def test_deployment_carries_gpus_selector_probes_scrape_annotations_and_mounts() -> None:
-    d = render.deployment("llm", "ns", SPEC)
+    d = render.deployment("llm", "ns", SPEC, render.engine_config(SPEC, 12, 2))
     assert d["spec"]["replicas"] == 3
     pod = d["spec"]["template"]
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8100"
@@ -60,8 +61,54 @@ def test_deployment_carries_gpus_selector_probes_scrape_annotations_and_mounts()
 
 def test_cpu_only_spec_has_no_gpu_and_no_node_selector() -> None:
     spec = SpecDeploymentSpec.model_validate({"model": {"name": "tiny-target"}})
-    pod = render.deployment("x", "ns", spec)["spec"]["template"]["spec"]
+    config = render.engine_config(spec, None, 2)
+    pod = render.deployment("x", "ns", spec, config)["spec"]["template"]["spec"]
     assert "nodeSelector" not in pod and pod["containers"][0]["resources"] == {}
+
+
+def config_hash(spec: SpecDeploymentSpec, threshold: int | None, exploration: int = 2) -> str:
+    deployment = render.deployment(
+        "llm", "ns", spec, render.engine_config(spec, threshold, exploration)
+    )
+    return deployment["spec"]["template"]["metadata"]["annotations"][render.CONFIG_HASH_ANNOTATION]
+
+
+def changed(**changes: object) -> SpecDeploymentSpec:
+    """SPEC with some fields replaced; a key names a path (`slo__tpotMilliseconds`)."""
+    data = SPEC.model_dump()
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    return parse_spec(data)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"speculation__numSpeculativeTokens": 3},
+        {"model__name": "other-target"},
+        {"model__dtype": "float16"},
+        {"speculation__draft": "other-draft"},
+        {"speculation__method": "ngram", "speculation__draft": None},
+        {"slo__tpotMilliseconds": 80},
+        {"engine__maxBatchSize": 32},
+    ],
+)
+def test_settings_read_at_start_roll_the_pods(change: dict[str, object]) -> None:
+    assert config_hash(changed(**change), 12) != config_hash(SPEC, 12)
+
+
+def test_run_time_speculation_settings_do_not_roll_the_pods() -> None:
+    assert config_hash(SPEC, 12) == config_hash(SPEC, 7) == config_hash(SPEC, None)
+    assert config_hash(SPEC, 12, exploration=20) == config_hash(SPEC, 12)
+    hysteresis = render.engine_config(SPEC, 12, 2)
+    hysteresis["speculation"]["hysteresis"] = 3.0
+    assert render.start_config_hash(hysteresis) == render.start_config_hash(
+        render.engine_config(SPEC, 12, 2)
+    )
 
 
 def test_service_and_pod_monitor_select_the_engine_pods() -> None:

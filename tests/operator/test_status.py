@@ -1,0 +1,53 @@
+"""What the status says about the engines: pure, so tested without a cluster."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from spectune.operator.status import rollout_conditions, unready_pods
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def pod(name: str, ready: str, message: str = "", deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    condition = {"type": "Ready", "status": ready, "reason": "EngineNotReady", "message": message}
+    return {"metadata": meta, "status": {"conditions": [condition]}}
+
+
+def test_unready_pods_say_why_and_skip_ready_and_leaving_ones() -> None:
+    pods = [
+        pod("llm-b", "False", "engine not ready: GET /readyz answered 503"),
+        pod("llm-a", "True"),
+        pod("llm-c", "False", "gone soon", deleting=True),
+        {"metadata": {"name": "llm-d"}, "status": {}},  # not started: no conditions yet
+    ]
+    assert unready_pods(pods) == [
+        "llm-b: engine not ready: GET /readyz answered 503",
+        "llm-d: not ready",
+    ]
+
+
+def test_crashing_engines_make_the_specdeployment_not_ready_and_say_why() -> None:
+    # The Deployment has its pods, but none counts as ready: their engines do not serve.
+    rollout = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 0}
+    unready = ["llm-x: engine exited with code 1: no such model", "llm-y: engine exited"]
+    ready, progressing, degraded = rollout_conditions(2, rollout, unready, [], NOW)
+    assert ready.type == "Ready" and ready.status == "False"
+    assert ready.reason == "ReplicasNotReady"
+    assert ready.message == (
+        "0/2 engine replicas ready; llm-x: engine exited with code 1: no such model (and 1 more)"
+    )
+    assert progressing.status == "True" and degraded.status == "False"
+
+
+def test_ready_when_every_replica_is_ready_and_the_transition_time_holds() -> None:
+    rollout = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
+    (ready, *_) = rollout_conditions(2, rollout, [], [], NOW)
+    assert ready.status == "True" and ready.message == "2/2 engine replicas ready"
+    later = datetime(2026, 1, 2, tzinfo=UTC)
+    (again, *_) = rollout_conditions(2, rollout, [], [ready.model_dump()], later)
+    assert again.lastTransitionTime == ready.lastTransitionTime
