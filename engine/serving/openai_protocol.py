@@ -187,12 +187,13 @@ def completion_choice(index: int, text: str, finish: str | None) -> dict[str, An
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
 
 
-def completion_body(
-    rid: str, model: str, choices: list[dict[str, Any]], use: dict | None
+def _response(
+    rid: str, kind: str, model: str, choices: list[dict[str, Any]], use: dict | None
 ) -> dict[str, Any]:
+    """The envelope every answer and chunk shares; `usage` only when given."""
     body: dict[str, Any] = {
         "id": rid,
-        "object": "text_completion",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,
@@ -202,20 +203,18 @@ def completion_body(
     return body
 
 
+def completion_body(
+    rid: str, model: str, choices: list[dict[str, Any]], use: dict | None
+) -> dict[str, Any]:
+    return _response(rid, "text_completion", model, choices, use)
+
+
 def chat_body(
     rid: str, model: str, text: str, finish: str | None, use: dict | None
 ) -> dict[str, Any]:
     message = {"role": "assistant", "content": text}
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-    }
-    if use is not None:
-        body["usage"] = use
-    return body
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    return _response(rid, "chat.completion", model, [choice], use)
 
 
 def chat_chunk(
@@ -226,13 +225,4 @@ def chat_chunk(
         if use is not None
         else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
     )
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-    }
-    if use is not None:
-        body["usage"] = use
-    return body
+    return _response(rid, "chat.completion.chunk", model, choices, use)
