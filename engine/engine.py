@@ -38,11 +38,11 @@ class Iteration:
     tokens: int  # tokens committed
     seconds: float  # wall time less catchup_seconds: the mode's steady-state cost
     draft_seconds: float = 0.0
-    catchup_seconds: float = 0.0  # the draft catching up on tokens it missed (plain, prefill)
     explored: bool = False  # ran the mode the gate did not pick, on purpose
     drafts: int = 0  # sequences that got a draft
     drafted: int = 0
     accepted: int = 0
+    catchup_seconds: float = 0.0  # the draft catching up on tokens it missed (plain, prefill)
 
 
 @dataclass(frozen=True)
