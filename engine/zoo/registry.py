@@ -21,12 +21,13 @@ def cache_dir() -> Path:
 
 
 def resolve_model(name: str) -> Path:
-    """A checkpoint directory for `name`: a built-in name (built if missing) or a path."""
+    """A checkpoint directory for `name`: a built-in name (built if missing, or rebuilt when
+    its recipe changed since it was cached) or a path."""
     if name in BUILTIN:
-        path = cache_dir() / name
-        if not (path / "config.json").is_file():
-            from spectune.engine.zoo.training import build_pair
+        from spectune.engine.zoo.training import build_pair, is_current
 
+        path = cache_dir() / name
+        if not is_current(path, BUILTIN[name]):
             build_pair(BUILTIN[name], cache_dir())
         return path
     try:
