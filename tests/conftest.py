@@ -12,7 +12,6 @@ from tests.cluster.conftest import cluster  # noqa: F401 - the local cluster, fo
 @pytest.fixture(scope="session")
 def tiny_pair() -> tuple[Path, Path]:
     """(target, draft) checkpoint directories; trained on first use (a few minutes, cached)."""
-    pytest.importorskip("torch", reason="the engine extra is not installed")
     from spectune.engine.zoo.registry import resolve_model
 
     return resolve_model("tiny-target"), resolve_model("tiny-draft")

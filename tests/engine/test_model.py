@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from spectune.engine.block_manager import blocks_for
 from spectune.engine.checkpoint import load_checkpoint, save_checkpoint
 from spectune.engine.model import ModelConfig, Transformer
 from spectune.engine.model_runner import Feed, ModelRunner
 from spectune.engine.zoo.training import EOS_ID, byte_tokenizer
-
-transformers = pytest.importorskip("transformers")
 
 COMMON = {
     "vocab_size": 257,
