@@ -52,6 +52,9 @@ from spectune.engine.zoo.registry import resolve_model
 log = logging.getLogger("spectune.engine")
 VERSION = "0.1.0"
 CONFIG_POLL_SECONDS = 1.0
+# Answer to a client that left before its answer (nginx's code; nobody reads it): the request
+# already counts as `error`, so it is not counted again as `invalid`.
+CLIENT_CLOSED = 499
 INFERENCE = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions")}
 
 
@@ -128,7 +131,7 @@ class CountInvalid:
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status, loop = message["status"], self.server.loop
-                if 400 <= status < 500 and status != 429 and loop is not None:
+                if 400 <= status < 500 and status not in (429, CLIENT_CLOSED) and loop is not None:
                     loop.metrics.observe_request(None, "invalid", False)
             await send(message)
 
@@ -468,7 +471,7 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})
-    async def completions(body: oai.CompletionRequest) -> Any:
+    async def completions(body: oai.CompletionRequest, request: Request) -> Any:
         prompts = body.prompts()
         if body.stream and len(prompts) > 1:
             raise ApiError(
@@ -491,12 +494,12 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        answers = await _collect_all(server, started)
+        answers = await _collect_all(server, started, request)
         choices = [oai.completion_choice(i, *answer) for i, answer in enumerate(answers)]
         return oai.completion_body(rid, body.model, choices, _usage(started))
 
     @app.post("/v1/chat/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})
-    async def chat(body: oai.ChatCompletionRequest) -> Any:
+    async def chat(body: oai.ChatCompletionRequest, request: Request) -> Any:
         engine = server.engine_loop().engine
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
@@ -524,7 +527,7 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        [(pieces, finish)] = await _collect_all(server, started)
+        [(pieces, finish)] = await _collect_all(server, started, request)
         return oai.chat_body(rid, body.model, pieces, finish, _usage(started))
 
     @app.get("/admin/speculation")
@@ -563,18 +566,31 @@ async def _collect(
 
 
 async def _collect_all(
-    server: Server, started: list[tuple[RequestStream, IncrementalText]]
+    server: Server, started: list[tuple[RequestStream, IncrementalText]], request: Request
 ) -> list[tuple[str, str | None]]:
     """Each prompt's (text, finish reason). The engine runs them together, so collecting them
-    in turn costs nothing; when one fails, the rest are withdrawn rather than left running."""
-    answers = []
+    in turn costs nothing; when one fails, or the client goes away before the answer (nothing
+    else tells a non-streaming handler), the rest are withdrawn rather than left running."""
+
+    async def collect() -> list[tuple[str, str | None]]:
+        return [await _collect(server, stream, text) for stream, text in started]
+
+    async def disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnect())
     try:
-        for stream, text in started:
-            answers.append(await _collect(server, stream, text))
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise ApiError(CLIENT_CLOSED, "the client closed the request")
+        return work.result()
     except BaseException:
+        work.cancel()
         await server.withdraw([stream for stream, _ in started], "error")
         raise
-    return answers
+    finally:
+        gone.cancel()
 
 
 def _speculation_state(loop: EngineLoop) -> dict[str, Any]:

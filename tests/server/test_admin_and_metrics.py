@@ -129,22 +129,30 @@ def test_admin_put_changes_only_the_fields_given(server: Served) -> None:
     assert restored.json()["k"] == 4 and restored.json()["threshold"] is None
 
 
-def test_an_abandoned_stream_counts_as_error(server: Served) -> None:
-    def outcomes() -> tuple[float, float]:
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_abandoned_request_counts_as_error_and_stops(server: Served, stream: bool) -> None:
+    def outcomes() -> tuple[float, ...]:
         samples = parse(server.get("/metrics").text)
-        return tuple(total(samples, contract.REQUESTS, outcome=o) for o in ("error", "ok"))
+        return tuple(
+            total(samples, contract.REQUESTS, outcome=o) for o in ("error", "ok", "invalid")
+        )
 
-    errors, oks = outcomes()
-    body = BODY | {"max_tokens": 200, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200
-        assert any(line.startswith("data: {") for line in response.iter_lines())
-    # the connection is closed after the first event: the server must end the request
+    errors, oks, invalid = outcomes()
+    body = BODY | {"max_tokens": 240, "stream": stream}  # the context holds 256
+    url = server.url + "/v1/completions"
+    if stream:
+        with httpx.stream("POST", url, json=body, timeout=60) as response:
+            assert response.status_code == 200
+            assert any(line.startswith("data: {") for line in response.iter_lines())
+        # the connection is closed after the first event: the server must end the request
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up before the answer
+            httpx.post(url, json=body, timeout=httpx.Timeout(60, read=0.05))
     deadline = time.monotonic() + 15
     while outcomes()[0] < errors + 1:
         assert time.monotonic() < deadline, "the abandoned request was not counted as error"
         time.sleep(0.1)
-    assert outcomes() == (errors + 1, oks)
+    assert outcomes() == (errors + 1, oks, invalid)
     assert server.get("/admin/speculation").json()["running"] == 0  # and no longer runs
 
 
