@@ -12,7 +12,11 @@ from pathlib import Path
 PACKAGE_DIRS = {"engine": "spectune.engine", "operator": "spectune.operator", "hack": "hack"}
 
 # The engine modules the operator may import: pure Python, no torch.
-TORCH_FREE = ("spectune.engine.contract", "spectune.engine.crossover")
+TORCH_FREE = (
+    "spectune.engine.contract",
+    "spectune.engine.crossover",
+    "spectune.engine.device_time",
+)
 
 ENGINE_PARTS = ("spectune.engine.serving", "spectune.engine.bench", "spectune.engine.zoo")
 
