@@ -32,6 +32,10 @@ from spectune.engine.sequence import SamplingParams
 from spectune.engine.zoo.registry import SIZES, resolve_model
 from spectune.engine.zoo.training import corpus, held_out_prompts
 
+# Several engines live in this one process; on CUDA each would otherwise take 85% of the
+# memory still free, and the last one OOMs (seen on an H200). 512 MiB holds every batch here.
+KV = 512 << 20
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -60,7 +64,7 @@ def paired(a: Callable[[], float], b: Callable[[], float], repeats: int) -> Pair
 class Ours:
     def __init__(self, target: str, device: str, **kw: object) -> None:
         self.engine = LLMEngine(
-            EngineConfig(model=target, device=device, dtype="float32", **kw),
+            EngineConfig(model=target, device=device, dtype="float32", kv_cache_bytes=KV, **kw),
             resolve_model=resolve_model,
         )
 
@@ -110,7 +114,7 @@ class Transformers:
 def decode_overhead(device: str, repeats: int) -> dict[str, float]:
     """Batch-1 plain decode on the tiny target: engine step vs runner forward vs the bare model."""
     engine = LLMEngine(
-        EngineConfig(model="tiny-target", device=device, dtype="float32"),
+        EngineConfig(model="tiny-target", device=device, dtype="float32", kv_cache_bytes=KV),
         resolve_model=resolve_model,
     )
     seq = engine.add_request([65] * 32, SamplingParams(max_tokens=4000, ignore_eos=True))

@@ -139,9 +139,12 @@ class ModelRunner:
             "pos": torch.zeros(size, 1, **zeros),
             "slots": torch.zeros(size, 1, **zeros),
             "tables": torch.zeros(size, self.max_blocks, **zeros),
+            # Every tensor the graph reads must outlive it: a freed one's memory is reused,
+            # and replays would read whatever lands there (seen on an H200: gather indices
+            # out of bounds). The last position of a one-token feed is always 0.
+            "index": torch.zeros(size, 1, **zeros),
         }
-        index = torch.zeros(size, 1, **zeros)
-        args = (inputs["ids"], inputs["pos"], inputs["slots"], inputs["tables"], index)
+        args = tuple(inputs[name] for name in ("ids", "pos", "slots", "tables", "index"))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -1,10 +1,49 @@
 #!/usr/bin/env bash
-# On a CUDA machine (the device tool): build nothing, run the CUDA tests and the GPU
-# benchmark, print a short table. Needs the venv and the tiny/bench models carried over.
-set -euo pipefail
+# On a CUDA machine (the device tool): build nothing, run the CUDA tests, the engine benchmark,
+# a real batch sweep of the tiny pair and the roofline check of the simulated SKUs, then print
+# a short table. Needs the tiny pair carried over (.cache/models). Without this project's
+# venv (the device image has torch but not the rest), it installs the wheels carried in .whl
+# (`hack/gpu-check.sh --wheels` downloads them here) and imports the package from the tree.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bin=.venv/bin
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-"$bin/python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
-"$bin/pytest" -q -m gpu tests/engine/test_cuda.py -p no:cacheprovider
-"$bin/python" benchmarks/engine_bench.py --device cuda --size "${SIZE:-bench}" --repeats "${REPEATS:-3}"
+WHEELS=(pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+  typing_extensions==4.16.0 kubernetes==37.0.2 durationpy==0.11 oauthlib==4.0.1
+  requests-oauthlib==2.0.0 websocket-client==1.9.2 aiohttp-retry==2.9.1)
+if [[ "${1:-}" == --wheels ]]; then
+  exec python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
+fi
+out=${OUT:-.cache/gpu-check}
+mkdir -p "$out"
+if [[ -x .venv/bin/python ]]; then
+  py=.venv/bin/python
+else
+  py=python3
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  mkdir -p /tmp/src/spectune
+  ln -sfn "$PWD/engine" /tmp/src/spectune/engine
+  ln -sfn "$PWD/operator" /tmp/src/spectune/operator
+  export PYTHONPATH="/tmp/site:/tmp/src"  # not the tree: its operator/ would hide the stdlib's
+fi
+export PYTHONUNBUFFERED=1
+results=()
+step() {  # step NAME SECONDS COMMAND...: run with a limit, keep going, remember the outcome
+  local name=$1 limit=$2 start=$SECONDS rc
+  shift 2
+  echo "=== $name"
+  timeout "$limit" "$@" 2>&1 | tee -a "$out/gpu-check.log"
+  rc=${PIPESTATUS[0]}
+  results+=("$(printf '%-14s rc %-3s %4ss' "$name" "$rc" $((SECONDS - start)))")
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+step cuda-tests 120 "$py" -m pytest -q -m gpu tests/engine/test_cuda.py -p no:cacheprovider
+step roofline 150 "$py" benchmarks/roofline_check.py --sku H200 --json "$out/roofline.json"
+step engine-bench 120 "$py" benchmarks/engine_bench.py --device cuda --size tiny --repeats 3
+for method in draft ngram; do
+  step "sweep-$method" 75 "$py" -m spectune.engine.cli bench --device cuda --sweep batch \
+    --method "$method" --batch-sizes 1,2,4,8,16,32,64,128,256 --stop-after 0 --out "/tmp/sweep-$method"
+  cp "/tmp/sweep-$method/bench.json" "$out/sweep-$method.json"
+done
+echo "=== summary"
+printf '%s\n' "${results[@]}"

@@ -1,0 +1,158 @@
+"""The simulated SKUs' roofline (engine/device_time.py) against a real GPU.
+
+Builds random-weight models with the virtual target's and draft's shapes (Llama 3.1 8B and
+Llama 3.2 1B), runs our own engine's forwards through ModelRunner on CUDA (paged KV cache,
+CUDA graphs for one-token batches, as the engine serves), and prints per batch size the
+measured and the modelled seconds of a plain step, a verify forward and the k draft
+forwards, then the speedup at a given acceptance and both crossovers. Weights are random
+(normal init, never zeros): only the time is of interest, and it does not depend on them.
+
+Usage (on a CUDA machine): python benchmarks/roofline_check.py --sku H200 [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from spectune.engine.device_time import (
+    LLAMA_1B,
+    LLAMA_8B,
+    SKUS,
+    Setting,
+    analytic_crossover,
+    expected_tokens,
+    plain_step,
+    spec_step,
+)
+from spectune.engine.model import ModelConfig, Transformer
+from spectune.engine.model_runner import Feed, ModelRunner
+
+VOCAB = 128256
+TARGET = ModelConfig(VOCAB, 4096, 14336, 32, 32, 8, 128, 8192, rope_theta=500000.0)
+DRAFT = ModelConfig(
+    VOCAB, 2048, 8192, 16, 32, 8, 64, 8192, rope_theta=500000.0, tie_word_embeddings=True
+)
+BLOCK = 16
+
+
+def runner(cfg: ModelConfig, batch: int, context: int, k: int) -> ModelRunner:
+    with torch.device("cuda"):
+        model = Transformer(cfg).to(torch.bfloat16).eval()
+    per_seq = -(-(context + k + 1) // BLOCK)
+    return ModelRunner(model, batch * per_seq + 1, BLOCK, context + k + 1, cuda_graphs=True)
+
+
+def feeds(batch: int, context: int, width: int, per_seq: int) -> list[Feed]:
+    """`batch` sequences with `context` cached tokens, each feeding `width` new ones."""
+    return [
+        Feed([1 + i % 1000] * width, context, list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)))
+        for i in range(batch)
+    ]
+
+
+def median_seconds(run: ModelRunner, fed: list[Feed], all_logits: bool, repeats: int) -> float:
+    for _ in range(3):
+        run.forward(fed, all_logits)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run.forward(fed, all_logits)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def crossover(speedups: dict[int, float]) -> float | None:
+    sizes = sorted(speedups)
+    if speedups[sizes[0]] < 1:
+        return float(sizes[0])
+    for a, b in itertools.pairwise(sizes):
+        if speedups[b] < 1:
+            return a + (speedups[a] - 1) / (speedups[a] - speedups[b]) * (b - a)
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sku", choices=tuple(SKUS), default="H200")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--acceptance", type=float, default=0.7)
+    parser.add_argument("--batches", default="1,4,16,32,64,96,128,192,256")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    sku, k, ctx = SKUS[args.sku], args.k, args.context
+    batches = [int(b) for b in args.batches.split(",")]
+    largest, per_seq = max(batches), -(-(ctx + k + 1) // BLOCK)
+    torch.manual_seed(0)
+    target, draft = runner(TARGET, largest, ctx, k), runner(DRAFT, largest, ctx, k)
+    tokens = expected_tokens(args.acceptance, k)
+    rows = []
+    print(
+        f"{torch.cuda.get_device_name()} vs simulated {args.sku}: Llama-8B shapes, 1B draft, "
+        f"bf16, context {ctx}, k {k}, acceptance {args.acceptance}"
+    )
+    print(
+        "batch | plain ms real/model | verify ms real/model | k drafts ms real/model | "
+        "speedup real/model"
+    )
+    for b in batches:
+        plain = median_seconds(target, feeds(b, ctx, 1, per_seq), False, args.repeats)
+        verify = median_seconds(target, feeds(b, ctx, k + 1, per_seq), True, args.repeats)
+        drafts = sum(
+            median_seconds(draft, feeds(b, ctx + i, 1, per_seq), False, args.repeats)
+            for i in range(k)
+        )
+        contexts = [ctx] * b
+        m_plain = plain_step(sku, LLAMA_8B, contexts)
+        m_spec = spec_step(sku, LLAMA_8B, LLAMA_1B, k, contexts)
+        m_draft = m_spec - spec_step(sku, LLAMA_8B, None, k, contexts)
+        real, model = tokens * plain / (verify + drafts), tokens * m_plain / m_spec
+        rows.append(
+            dict(
+                batch=b,
+                plain=plain,
+                verify=verify,
+                drafts=drafts,
+                model_plain=m_plain,
+                model_spec=m_spec,
+                model_drafts=m_draft,
+                speedup=real,
+                model_speedup=model,
+            )
+        )
+        print(
+            f"{b:5d} | {plain * 1e3:7.2f} / {m_plain * 1e3:7.2f} | "
+            f"{verify * 1e3:7.2f} / {(m_spec - m_draft) * 1e3:7.2f} | "
+            f"{drafts * 1e3:7.2f} / {m_draft * 1e3:7.2f} | {real:5.2f} / {model:5.2f}"
+        )
+    measured = crossover({r["batch"]: r["speedup"] for r in rows})
+    analytic = analytic_crossover(Setting(sku, LLAMA_8B, LLAMA_1B, k, args.acceptance, ctx))
+    print(f"crossover: real {measured} / model {analytic}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                dict(
+                    sku=asdict(sku),
+                    rows=rows,
+                    measured=measured,
+                    analytic=analytic,
+                    args=vars(args) | {"json": None},
+                ),
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
