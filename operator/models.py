@@ -129,6 +129,12 @@ class TuningSpec(Spec):
     trafficChangePercent: int = Field(
         30, ge=1, le=1000, description="load change that triggers re-measuring"
     )
+    maxAgeSeconds: int = Field(
+        3600,
+        ge=60,
+        le=604_800,
+        description="re-measure the crossover after this long even if nothing changed",
+    )
 
 
 class SpecDeploymentSpec(Spec):

@@ -1,0 +1,150 @@
+"""The crossover estimated from live traffic, per GPU SKU. Pure: the Prometheus reader gives
+per (mode, batch bucket) sums of decode iterations over a window; the curve and the
+crossover come from engine/crossover.py, the same math the bench uses.
+
+Throughput per bucket is tokens over busy seconds (the sums), not a median from the step
+histogram: its buckets are 1.3-2x apart, so an interpolated median can be off by more than
+the few percent of speedup that separate neighbouring batch buckets near the crossover.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from spectune.engine.crossover import (
+    Crossover,
+    ModeStats,
+    SpeedupPoint,
+    find_crossover,
+    speedup_curve,
+)
+
+# Steps per mode in a bucket for a bucket's throughput to count as measured; the explored
+# mode gets only a few percent of the iterations, so this is what calibration waits for.
+MIN_STEPS = 20
+# Steps per mode in the deciding buckets for full confidence (the noise of a mean of n
+# step times falls as 1/sqrt(n): 200 steps of 10% noise give under 1%).
+CONFIDENT_STEPS = 200
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The crossover of one SKU and the evidence for it."""
+
+    sku: str
+    crossover: Crossover
+    curve: tuple[SpeedupPoint, ...]
+    largest_batch_seen: int | None  # the largest bucket with decode steps in either mode
+    confidence: float  # 0..1, from the steps in the buckets that decide the crossover
+    reason: str
+
+    @property
+    def known(self) -> bool:
+        return self.crossover.status != "unknown"
+
+    @property
+    def threshold(self) -> int | None:
+        """The gate threshold the estimate asks for (see Crossover.threshold)."""
+        return self.crossover.threshold
+
+    def compact_curve(self) -> dict[str, float]:
+        """Bucket -> speedup, rounded, for status (string keys: JSON objects)."""
+        return {str(p.batch): round(p.speedup, 3) for p in self.curve}
+
+
+def undersampled(
+    stats: Mapping[tuple[str, int], ModeStats], min_steps: int = MIN_STEPS
+) -> list[int]:
+    """Buckets that traffic reaches (decode steps in either mode) but that lack `min_steps`
+    in one of the modes: what a calibration still waits for."""
+    reached = {bucket for (_, bucket), s in stats.items() if s.steps > 0}
+    return [
+        b
+        for b in sorted(reached)
+        if min(stats.get((m, b), ModeStats()).steps for m in ("spec", "plain")) < min_steps
+    ]
+
+
+def mean_batch(point: SpeedupPoint) -> float:
+    """The mean batch size behind a bucket's measurements: a plain step commits one token
+    per sequence, so its tokens per step is the batch. Placing the point there rather than at
+    the bucket's lower edge removes a bias of up to a third of a bucket toward small batches."""
+    return point.plain.tokens_per_step or point.batch
+
+
+def estimate(
+    sku: str,
+    stats: Mapping[tuple[str, int], ModeStats],
+    min_steps: int = MIN_STEPS,
+    confident_steps: int = CONFIDENT_STEPS,
+) -> Estimate:
+    """The crossover of one SKU from its (mode, bucket) sums over a window."""
+    curve = tuple(speedup_curve(stats, min_steps))
+    crossover = find_crossover([(mean_batch(p), p.speedup) for p in curve])
+    seen = [bucket for (_, bucket), s in stats.items() if s.steps > 0]
+    largest = max(seen) if seen else None
+    return Estimate(
+        sku=sku,
+        crossover=crossover,
+        curve=curve,
+        largest_batch_seen=largest,
+        confidence=_confidence(crossover, curve, confident_steps),
+        reason=_reason(crossover, curve, largest, min_steps),
+    )
+
+
+def estimate_by_sku(
+    stats: Mapping[str, Mapping[tuple[str, int], ModeStats]], min_steps: int = MIN_STEPS
+) -> dict[str, Estimate]:
+    """One estimate per SKU: pods on different GPUs each get their own crossover."""
+    return {sku: estimate(sku, s, min_steps) for sku, s in sorted(stats.items())}
+
+
+def _deciding(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> list[SpeedupPoint]:
+    """The buckets the answer rests on: the two around a crossing, else the edge bucket."""
+    if crossover.status == "crosses":
+        assert crossover.batch is not None
+        below = [p for p in curve if mean_batch(p) < crossover.batch]
+        above = [p for p in curve if mean_batch(p) >= crossover.batch]
+        return below[-1:] + above[:1]
+    if crossover.status == "always_pays":
+        return list(curve[-1:])
+    return list(curve[:1])
+
+
+def _confidence(
+    crossover: Crossover, curve: tuple[SpeedupPoint, ...], confident_steps: int
+) -> float:
+    """sqrt(n / confident_steps) for the fewest steps n of either mode in the deciding
+    buckets, at most 1: the standard error of a mean shrinks as 1/sqrt(n)."""
+    points = _deciding(crossover, curve)
+    if not points:
+        return 0.0
+    fewest = min(min(p.plain.steps, p.spec.steps) for p in points)
+    return min(1.0, math.sqrt(fewest / confident_steps))
+
+
+def _reason(
+    crossover: Crossover,
+    curve: tuple[SpeedupPoint, ...],
+    largest: int | None,
+    min_steps: int,
+) -> str:
+    if crossover.status == "unknown":
+        if largest is None:
+            return "no decode steps in the window"
+        return f"no batch bucket has {min_steps} steps in both modes yet"
+    if crossover.status == "always_pays":
+        bound = f"above {curve[-1].batch}, the largest batch measured in both modes"
+        if largest is not None and largest > curve[-1].batch:
+            bound += f" (traffic reached {largest}, not yet sampled in both modes)"
+        return f"speculation pays at every batch measured: crossover {bound}"
+    if crossover.status == "never_pays":
+        return f"speculation does not pay even at batch {curve[0].batch}, the smallest measured"
+    (low, high) = _deciding(crossover, curve)
+    return (
+        f"crossover at batch {crossover.batch:.1f}: speedup {low.speedup:.2f} at batch "
+        f"{mean_batch(low):.0f}, {high.speedup:.2f} at {mean_batch(high):.0f}"
+    )

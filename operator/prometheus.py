@@ -1,0 +1,204 @@
+"""Reading one SpecDeployment's engines from Prometheus (prometheus-api-client).
+
+Every query is built from the names in engine/contract.py. Engines are selected by their
+namespace and instance labels, whose names differ between Prometheus setups: the defaults
+are what the local cluster's pod discovery gives (hack/cluster/prometheus.yml.in maps the
+pod's `app.kubernetes.io/instance` label to `app_kubernetes_io_instance`); a PodMonitor
+needs podTargetLabels or other names. Queries return per-pod series that are summed here,
+over the pods whose `spectune_engine_info` is fresh, so that one stale or vanished pod
+cannot lend old data to the window. Missing data is None (unknown), never zero;
+Prometheus down or answering garbage raises `PrometheusUnavailable`.
+
+The client is synchronous (requests): handlers call `read` through
+`asyncio.to_thread`, or use a kopf sync handler, never on kopf's event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
+
+from spectune.engine import contract as c
+from spectune.engine.crossover import ModeStats, StatsByBucket
+from spectune.operator.triggers import Traffic
+
+# (values of the grouping labels) -> pod -> value
+PerPod = dict[tuple[str, ...], dict[str, float]]
+
+
+class PrometheusUnavailable(Exception):
+    """Prometheus could not be asked or gave an answer that is not a query result."""
+
+
+@dataclass(frozen=True)
+class LabelNames:
+    """Target label names for the engines' namespace, pod and SpecDeployment instance."""
+
+    namespace: str = "namespace"
+    pod: str = "pod"
+    instance: str = "app_kubernetes_io_instance"
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """One engine as its `spectune_engine_info` says; `device` is the SKU key."""
+
+    pod: str
+    device: str
+    model: str
+    draft: str
+    version: str
+    simulated: bool | None  # None: the engine does not say
+    age_seconds: float  # since the last scrape of its info series
+
+
+@dataclass(frozen=True)
+class FleetWindow:
+    """What one SpecDeployment's fresh engines did over a window."""
+
+    engines: Mapping[str, EngineInfo]  # pod -> info
+    steps: Mapping[str, StatsByBucket]  # device (SKU) -> (mode, bucket) -> sums
+    traffic: Traffic
+
+    @property
+    def skus(self) -> frozenset[str]:
+        return frozenset(e.device for e in self.engines.values())
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One SpecDeployment's engines, as PromQL label matchers."""
+
+    namespace: str
+    instance: str
+    labels: LabelNames = field(default_factory=LabelNames)
+
+    def matchers(self, **extra: str) -> str:
+        pairs = {self.labels.namespace: self.namespace, self.labels.instance: self.instance}
+        return "{" + ",".join(f"{k}={_quote(v)}" for k, v in (pairs | extra).items()) + "}"
+
+
+class PrometheusReader:
+    """Synchronous queries for the estimator and the triggers (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        stale_after_seconds: float = 30.0,
+        timeout_seconds: float = 10.0,
+        client: PrometheusConnect | None = None,
+    ) -> None:
+        """`stale_after_seconds`: an engine whose info series was last scraped longer ago
+        is left out (a few scrape intervals). Retries are the caller's, with back-off."""
+        self.stale_after = stale_after_seconds
+        self.client = client or PrometheusConnect(
+            url=url, retry=Retry(total=0), timeout=timeout_seconds
+        )
+
+    def _query(self, query: str) -> list[dict[str, Any]]:
+        try:
+            result = self.client.custom_query(query)
+        except (requests.RequestException, PrometheusApiClientException, ValueError) as e:
+            raise PrometheusUnavailable(f"{query}: {e}") from e
+        if not isinstance(result, list) or not all(
+            isinstance(r, dict) and "metric" in r and "value" in r for r in result
+        ):
+            raise PrometheusUnavailable(f"{query}: not an instant vector: {result!r:.200}")
+        return result
+
+    def _per_pod(
+        self, query: str, pods: Mapping[str, EngineInfo], pod_label: str, by: tuple[str, ...] = ()
+    ) -> PerPod:
+        """(values of `by`) -> pod -> value, for fresh pods only."""
+        out: PerPod = {}
+        for r in self._query(query):
+            pod = r["metric"].get(pod_label)
+            if pod in pods:
+                key = tuple(r["metric"].get(label, "") for label in by)
+                out.setdefault(key, {})[pod] = _number(r["value"][1], query)
+        return out
+
+    def engines(self, selector: Selector) -> dict[str, EngineInfo]:
+        """Pod -> info for the engines scraped within `stale_after_seconds`."""
+        found = {}
+        for r in self._query(f"timestamp({c.ENGINE_INFO}{selector.matchers()})"):
+            m, (now, scraped) = r["metric"], r["value"]
+            age = _number(now, "evaluation time") - _number(scraped, c.ENGINE_INFO)
+            pod = m.get(selector.labels.pod)
+            if pod is None or age > self.stale_after:
+                continue
+            simulated = m.get("simulated")
+            found[pod] = EngineInfo(
+                pod=pod,
+                device=m.get("device", ""),
+                model=m.get("model", ""),
+                draft=m.get("draft", ""),
+                version=m.get("version", ""),
+                simulated=None if simulated is None else simulated == "true",
+                age_seconds=age,
+            )
+        return found
+
+    def read(self, selector: Selector, window_seconds: int) -> FleetWindow:
+        """Step sums per (SKU, mode, bucket) and traffic over the last `window_seconds`."""
+        pods = self.engines(selector)
+        sel, w, pod = selector.matchers(), f"[{int(window_seconds)}s]", selector.labels.pod
+
+        def increase(metric: str, matchers: str = sel, by: tuple[str, ...] = ()) -> PerPod:
+            labels = ",".join((pod, *by))
+            query = f"sum by ({labels}) (increase({metric}{matchers}{w}))"
+            return self._per_pod(query, pods, pod, by)
+
+        by_step = ("mode", "batch")
+        counts = increase(f"{c.STEP_SECONDS}_count", by=by_step)
+        seconds = increase(f"{c.STEP_SECONDS}_sum", by=by_step)
+        tokens = increase(c.STEP_OUTPUT_TOKENS, by=by_step)
+        steps: dict[str, StatsByBucket] = {}
+        for (mode, batch), per_pod in counts.items():
+            if mode not in c.MODES or not batch.isdigit():
+                continue
+            for p, n in per_pod.items():
+                stats = ModeStats(
+                    round(n),
+                    round(tokens.get((mode, batch), {}).get(p, 0.0)),
+                    seconds.get((mode, batch), {}).get(p, 0.0),
+                )
+                if stats.steps > 0:
+                    by_mode = steps.setdefault(pods[p].device, {})
+                    key = (mode, int(batch))
+                    by_mode[key] = by_mode.get(key, ModeStats()) + stats
+
+        def total(per: PerPod) -> float | None:
+            values = [v for per_pod in per.values() for v in per_pod.values()]
+            return sum(values) if values else None
+
+        running_query = f"avg_over_time({c.NUM_REQUESTS_RUNNING}{sel}{w})"
+        running = self._per_pod(running_query, pods, pod).get((), {})
+        traffic = Traffic(
+            seconds=float(window_seconds),
+            requests=total(increase(c.REQUESTS)),
+            slo_met=total(increase(c.REQUESTS_SLO_MET)),
+            ok_requests=total(increase(c.REQUESTS, selector.matchers(outcome="ok"))),
+            decode_tokens=total(tokens),
+            busy_seconds=total(seconds),
+            drafted_tokens=total(increase(c.SPEC_DRAFT_TOKENS)),
+            accepted_tokens=total(increase(c.SPEC_ACCEPTED_TOKENS)),
+            mean_running=sum(running.values()) / len(running) if running else None,
+        )
+        return FleetWindow(engines=pods, steps=steps, traffic=traffic)
+
+
+def _number(value: Any, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError) as e:
+        raise PrometheusUnavailable(f"{what}: not a number: {value!r}") from e

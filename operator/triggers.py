@@ -1,0 +1,279 @@
+"""When to re-measure the crossover, and how far to move the threshold: pure change detection
+and damping (DESIGN.md, "Re-measuring the crossover on live traffic").
+
+Each trigger compares what the last calibration saw with what is true now and returns a
+`Reason` a human can read (it goes into Events and status) or None. Unknown inputs (None, an
+empty SKU set while pods start) never fire a trigger: missing data is not a change. `now` is
+always a parameter, so every decision here is reproducible in a test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Literal
+
+from spectune.engine.contract import BATCH_BUCKETS, batch_bucket
+from spectune.operator.models import SpecDeploymentSpec
+
+TriggerKind = Literal["Replicas", "Sku", "Traffic", "MaxAge", "Spec"]
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a calibration starts: `kind` labels metrics, `message` is for people."""
+
+    kind: TriggerKind
+    message: str
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the fleet's engines did over one window, summed over fresh pods. None is unknown
+    (no series), never zero; the properties are None whenever an input is."""
+
+    seconds: float
+    requests: float | None = None  # finished requests, every outcome
+    slo_met: float | None = None
+    ok_requests: float | None = None
+    decode_tokens: float | None = None  # committed by decode iterations, both modes
+    busy_seconds: float | None = None  # decode iterations' wall time, both modes
+    drafted_tokens: float | None = None
+    accepted_tokens: float | None = None
+    mean_running: float | None = None  # running batch, averaged over time and pods
+
+    @property
+    def request_rate(self) -> float | None:
+        return None if self.requests is None else self.requests / self.seconds
+
+    @property
+    def slo_met_share(self) -> float | None:
+        """Share of finished requests within the SLO: goodput normalised for load."""
+        return _ratio(self.slo_met, self.requests)
+
+    @property
+    def tokens_per_request(self) -> float | None:
+        """Decode tokens per successful request: a stand-in for output length."""
+        return _ratio(self.decode_tokens, self.ok_requests)
+
+    @property
+    def acceptance(self) -> float | None:
+        return _ratio(self.accepted_tokens, self.drafted_tokens)
+
+    @property
+    def tokens_per_busy_second(self) -> float | None:
+        return _ratio(self.decode_tokens, self.busy_seconds)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None or den <= 0 else num / den
+
+
+# The traffic signals a shift is judged on: the crossover moves with each of them.
+TRAFFIC_SIGNALS = {
+    "request rate": "request_rate",
+    "tokens per request": "tokens_per_request",
+    "acceptance rate": "acceptance",
+}
+
+
+def replicas_changed(before: int, now: int) -> Reason | None:
+    if before == now:
+        return None
+    return Reason("Replicas", f"replicas changed from {before} to {now}")
+
+
+def skus_changed(before: frozenset[str], now: frozenset[str]) -> Reason | None:
+    """The GPU SKUs under the pods (node labels or the engines' `device` label). An empty
+    set is unknown (no pod placed or scraped yet), not a change."""
+    if not before or not now or before == now:
+        return None
+    return Reason("Sku", f"GPU SKUs changed from {_names(before)} to {_names(now)}")
+
+
+def _names(skus: frozenset[str]) -> str:
+    return ", ".join(sorted(skus))
+
+
+@dataclass(frozen=True)
+class SpecKey:
+    """The spec fields whose change moves the speedup curve itself."""
+
+    model: str
+    draft: str | None
+    method: str
+    k: int
+
+    @classmethod
+    def of(cls, spec: SpecDeploymentSpec) -> SpecKey:
+        s = spec.speculation
+        return cls(spec.model.name, s.draft, s.method, s.numSpeculativeTokens)
+
+
+def spec_changed(before: SpecKey, now: SpecKey) -> Reason | None:
+    changes = [
+        f"{f.name} {getattr(before, f.name)} -> {getattr(now, f.name)}"
+        for f in fields(SpecKey)
+        if getattr(before, f.name) != getattr(now, f.name)
+    ]
+    return Reason("Spec", "spec changed: " + ", ".join(changes)) if changes else None
+
+
+def too_old(measured_at: datetime, now: datetime, max_age: timedelta) -> Reason | None:
+    """Re-check anyway after `max_age`: drift no trigger watches still gets caught."""
+    age = now - measured_at
+    if age < max_age:
+        return None
+    return Reason(
+        "MaxAge", f"last measured {_duration(age)} ago (maximum age {_duration(max_age)})"
+    )
+
+
+def _duration(d: timedelta) -> str:
+    s = int(d.total_seconds())
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def traffic_shifted(
+    baseline: Traffic, recent: Sequence[Traffic], percent: float, windows: int = 3
+) -> Reason | None:
+    """A signal moved more than `percent` from the baseline, in the same direction, in each
+    of the last `windows` windows. One noisy window, or noise within the percent, never
+    fires; a window where the signal is unknown breaks the run."""
+    if len(recent) < windows:
+        return None
+    last = recent[-windows:]
+    for label, attr in TRAFFIC_SIGNALS.items():
+        base = getattr(baseline, attr)
+        if base is None or base <= 0:
+            continue
+        values = [getattr(w, attr) for w in last]
+        if any(v is None for v in values):
+            continue
+        changes = [(v - base) / base * 100 for v in values]
+        if all(c > percent for c in changes) or all(c < -percent for c in changes):
+            median = sorted(values)[len(values) // 2]
+            return Reason(
+                "Traffic",
+                f"{label} moved by at least {min(changes, key=abs):+.0f}% "
+                f"({base:.3g} -> {median:.3g}) over {windows} windows, "
+                f"beyond the {percent:g}% trafficChangePercent",
+            )
+    return None
+
+
+def clamp(threshold: int | None, low: int, high: int) -> int:
+    """Within the spec's threshold.min/max. None (speculate at every batch size) counts as
+    above any max, so it becomes `high`; 0 (never speculate) below a positive min."""
+    return high if threshold is None else max(low, min(high, threshold))
+
+
+def bucket_steps(a: int | None, b: int | None) -> float:
+    """How many batch buckets apart two thresholds are; 0 (never speculate) sits one bucket
+    below the first, None (always speculate) infinitely far above the last."""
+    if a == b:
+        return 0
+    return abs(_bucket_index(a) - _bucket_index(b))
+
+
+def _bucket_index(threshold: int | None) -> float:
+    if threshold is None:
+        return math.inf
+    return -1 if threshold == 0 else BATCH_BUCKETS.index(batch_bucket(threshold))
+
+
+Action = Literal["change", "hold"]
+
+
+@dataclass(frozen=True)
+class Damped:
+    """What to run: `threshold` is the current value on hold, the new one on change."""
+
+    action: Action
+    threshold: int | None
+    message: str
+
+
+def damp(
+    current: int | None,
+    measured: int | None,
+    low: int,
+    high: int,
+    last_change: datetime | None,
+    now: datetime,
+    min_dwell: timedelta,
+    dead_band_buckets: int = 1,
+) -> Damped:
+    """Move from `current` to the clamped `measured` threshold only when the move is beyond
+    the dead band (the crossover is only located to within a bucket, so a one-bucket move
+    is noise) and the last change is at least `min_dwell` old: the threshold never flaps.
+    `current` None with no change yet means nothing was measured before: no dead band."""
+    target = clamp(measured, low, high)
+    if target == current:
+        return Damped("hold", current, f"threshold stays at {target}")
+    first = current is None and last_change is None
+    if not first and bucket_steps(current, target) <= dead_band_buckets:
+        return Damped(
+            "hold",
+            current,
+            f"{current} -> {target} is within the dead band of {dead_band_buckets} bucket(s)",
+        )
+    if last_change is not None and now - last_change < min_dwell:
+        wait = _duration(min_dwell - (now - last_change))
+        return Damped("hold", current, f"{current} -> {target} waits {wait} for the minimum dwell")
+    return Damped("change", target, f"threshold {current} -> {target}")
+
+
+Verdict = Literal["keep", "roll_back", "unknown"]
+
+
+@dataclass(frozen=True)
+class GoodputCheck:
+    verdict: Verdict
+    message: str
+
+
+def compare_goodput(
+    before: Traffic,
+    after: Traffic,
+    z: float = 3.0,
+    throughput_tolerance: float = 0.05,
+    load_tolerance: float = 0.25,
+    min_requests: int = 50,
+) -> GoodputCheck:
+    """Keep or roll back a threshold change, from windows before and after it.
+
+    Normalised for load: the SLO-met share of requests (a drop is judged with a
+    two-proportion z-test, so it must exceed the binomial noise of both windows) and decode
+    tokens per busy second (a drop beyond `throughput_tolerance`). Windows whose request
+    rates differ by more than `load_tolerance` are not comparable, nor windows with too few
+    requests: "unknown", and the caller keeps the change (no evidence against it)."""
+    n0, n1 = before.requests, after.requests
+    if n0 is None or n1 is None or min(n0, n1) < min_requests:
+        return GoodputCheck("unknown", f"too few requests to compare (need {min_requests})")
+    r0, r1 = before.request_rate, after.request_rate
+    assert r0 is not None and r1 is not None
+    if abs(r1 - r0) > load_tolerance * r0:
+        return GoodputCheck(
+            "unknown", f"load changed from {r0:.3g} to {r1:.3g} requests/s: not comparable"
+        )
+    p0, p1 = before.slo_met_share, after.slo_met_share
+    if p0 is not None and p1 is not None:
+        pooled = (p0 * n0 + p1 * n1) / (n0 + n1)
+        se = math.sqrt(pooled * (1 - pooled) * (1 / n0 + 1 / n1))
+        if p1 < p0 and (p0 - p1) > z * se:
+            return GoodputCheck(
+                "roll_back", f"SLO-met share fell from {p0:.1%} to {p1:.1%} (beyond noise)"
+            )
+    t0, t1 = before.tokens_per_busy_second, after.tokens_per_busy_second
+    if t0 is not None and t1 is not None and t1 < t0 * (1 - throughput_tolerance):
+        return GoodputCheck(
+            "roll_back",
+            f"tokens per busy second fell from {t0:.4g} to {t1:.4g} "
+            f"(more than {throughput_tolerance:.0%})",
+        )
+    if p0 is None and t0 is None:
+        return GoodputCheck("unknown", "no goodput or throughput measured before the change")
+    return GoodputCheck("keep", "goodput did not fall beyond noise")

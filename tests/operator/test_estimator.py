@@ -1,0 +1,196 @@
+"""The estimator on synthetic noisy curves whose crossover is known exactly: decode steps drawn
+from engine/device_time.py's roofline for simulated GPU SKUs, with per-step and per-bucket
+noise, summed per (mode, bucket) as the Prometheus reader gives them."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from spectune.engine.contract import BATCH_BUCKETS
+from spectune.engine.crossover import Crossover, ModeStats, StatsByBucket, bucket_distance
+from spectune.engine.device_time import (
+    LLAMA_1B,
+    LLAMA_8B,
+    SKUS,
+    Setting,
+    analytic_crossover,
+    expected_tokens,
+    plain_step,
+    spec_step,
+)
+from spectune.operator.estimator import (
+    CONFIDENT_STEPS,
+    MIN_STEPS,
+    estimate,
+    estimate_by_sku,
+    undersampled,
+)
+
+
+def setting(sku: str, acceptance: float = 0.5, context: int = 512) -> Setting:
+    return Setting(SKUS[sku], LLAMA_8B, LLAMA_1B, 4, acceptance, context)
+
+
+def synthetic(
+    s: Setting,
+    rng: random.Random,
+    buckets: tuple[int, ...] = BATCH_BUCKETS,
+    steps: dict[str, int] | None = None,
+    step_noise: float = 0.15,
+    bucket_noise: float = 0.03,
+) -> StatsByBucket:
+    """Per (mode, bucket) sums of `steps[mode]` iterations at batch sizes drawn across the
+    bucket; each step's time carries lognormal noise, each (mode, bucket) a systematic bias
+    (other work on the machine), and each spec step's tokens the spread of acceptance."""
+    steps = steps or {"plain": 100, "spec": 100}
+    per_seq = expected_tokens(s.acceptance, s.k)
+    stats: StatsByBucket = {}
+    for bucket in buckets:
+        upper = BATCH_BUCKETS[BATCH_BUCKETS.index(bucket) + 1] if bucket < 512 else 768
+        for mode, n in steps.items():
+            bias = math.exp(rng.gauss(0, bucket_noise))
+            tokens, seconds = 0, 0.0
+            for _ in range(n):
+                batch = rng.randrange(bucket, upper)
+                contexts = [s.context] * batch
+                if mode == "plain":
+                    t, made = plain_step(s.sku, s.target, contexts), batch
+                else:
+                    t = spec_step(s.sku, s.target, s.draft, s.k, contexts)
+                    made = max(batch, round(batch * per_seq * math.exp(rng.gauss(0, 0.1))))
+                tokens += made
+                seconds += t * bias * math.exp(rng.gauss(0, step_noise))
+            stats[(mode, bucket)] = ModeStats(n, tokens, seconds)
+    return stats
+
+
+def truth(s: Setting) -> Crossover:
+    batch = analytic_crossover(s)
+    assert batch is not None
+    return Crossover("crosses", batch)
+
+
+CASES = [(sku, acc) for sku in SKUS for acc in (0.5, 0.7)]
+
+
+@pytest.mark.parametrize("sku, acceptance", CASES)
+def test_noisy_curves_give_the_crossover_within_one_bucket(sku: str, acceptance: float) -> None:
+    s = setting(sku, acceptance)
+    for seed in range(3):
+        est = estimate(s.sku.product, synthetic(s, random.Random(seed)))
+        assert est.crossover.status == "crosses", est.reason
+        distance = bucket_distance(est.crossover, truth(s))
+        assert distance is not None and distance <= 1, (seed, est.reason, truth(s))
+        assert est.confidence == pytest.approx(math.sqrt(100 / CONFIDENT_STEPS))
+        assert est.threshold == math.ceil(est.crossover.batch or 0)
+        assert "crossover at batch" in est.reason
+
+
+def test_each_sku_gets_its_own_crossover_in_the_order_the_device_model_predicts() -> None:
+    rng = random.Random(7)
+    stats = {SKUS[k].product: synthetic(setting(k), rng) for k in ("H100", "A100", "L4")}
+    found = estimate_by_sku(stats)
+    assert set(found) == set(stats)
+    batch = {k: found[SKUS[k].product].crossover.batch or 0 for k in ("H100", "A100", "L4")}
+    assert batch["A100"] < batch["H100"] < batch["L4"], batch
+    for k in batch:
+        distance = bucket_distance(found[SKUS[k].product].crossover, truth(setting(k)))
+        assert distance is not None and distance <= 1
+
+
+def test_traffic_below_the_crossover_gives_an_honest_lower_bound() -> None:
+    s = setting("H100")  # crosses near 68
+    stats = synthetic(s, random.Random(1), buckets=(1, 2, 4, 8, 16, 24))
+    # Traffic reached 32, but only in plain mode so far (threshold at 32, little exploration).
+    stats |= synthetic(s, random.Random(2), buckets=(32,), steps={"plain": 50, "spec": 3})
+    est = estimate("H100", stats)
+    assert est.crossover.status == "always_pays"
+    assert est.largest_batch_seen == 32
+    assert "above 24, the largest batch measured in both modes" in est.reason
+    assert "traffic reached 32" in est.reason
+    assert est.threshold is None  # keep speculating; clamp() bounds it by threshold.max
+
+
+def test_speculation_that_never_pays_says_so() -> None:
+    s = setting("A100", acceptance=0.0)  # every spec step commits one token per sequence
+    est = estimate("A100", synthetic(s, random.Random(3), buckets=(2, 4, 8)))
+    assert est.crossover.status == "never_pays"
+    assert est.threshold == 0
+    assert "does not pay even at batch 2" in est.reason
+
+
+def test_without_data_in_both_modes_the_crossover_is_unknown() -> None:
+    empty = estimate("H100", {})
+    assert not empty.known and empty.confidence == 0 and empty.largest_batch_seen is None
+    assert empty.reason == "no decode steps in the window"
+    one_mode = estimate("H100", {("spec", 8): ModeStats(500, 9000, 3.0)})
+    assert not one_mode.known and one_mode.largest_batch_seen == 8
+    assert f"no batch bucket has {MIN_STEPS} steps in both modes" in one_mode.reason
+    with pytest.raises(ValueError):
+        _ = one_mode.threshold
+
+
+@pytest.mark.parametrize("fewest, confidence", [(200, 1.0), (800, 1.0), (50, 0.5), (20, 0.316)])
+def test_confidence_comes_from_the_fewest_steps_around_the_crossover(
+    fewest: int, confidence: float
+) -> None:
+    s = setting("H100")
+    stats = synthetic(s, random.Random(4), steps={"plain": 400, "spec": 400})
+    est = estimate("H100", stats)
+    edge = est.crossover.batch or 0
+    below = max(p.batch for p in est.curve if p.batch <= edge)
+    above = min(p.batch for p in est.curve if p.batch > edge)
+    for key in (("spec", below), ("plain", above)):
+        full = stats[key]
+        stats[key] = ModeStats(
+            fewest, round(full.tokens * fewest / 400), full.seconds * fewest / 400
+        )
+    assert estimate("H100", stats).confidence == pytest.approx(confidence, abs=0.001)
+
+
+def test_undersampled_lists_buckets_traffic_reaches_without_enough_steps_in_a_mode() -> None:
+    stats = {
+        ("plain", 4): ModeStats(100, 400, 1.0),
+        ("spec", 4): ModeStats(25, 300, 0.4),
+        ("plain", 8): ModeStats(100, 800, 1.2),
+        ("spec", 8): ModeStats(5, 100, 0.1),
+        ("plain", 16): ModeStats(30, 480, 0.5),
+    }
+    assert undersampled(stats) == [8, 16]
+    assert undersampled(stats, min_steps=3) == [16]
+
+
+def test_compact_curve_is_bucket_to_rounded_speedup() -> None:
+    est = estimate("H100", synthetic(setting("H100"), random.Random(5), buckets=(1, 2)))
+    curve = est.compact_curve()
+    assert set(curve) == {"1", "2"}
+    assert all(isinstance(v, float) and 1 < v < 2 for v in curve.values())
+
+
+def test_points_sit_at_the_mean_batch_plain_steps_measured_not_the_bucket_edge() -> None:
+    # Bucket 8 ran at batch 10 on average, bucket 12 at 14 (plain: one token per sequence);
+    # speedup 1.2 then 0.8 crosses halfway between the mean batches, at 12, not at 10.
+    stats = {
+        ("plain", 8): ModeStats(100, 1000, 1.0),
+        ("spec", 8): ModeStats(100, 1200, 1.0),
+        ("plain", 12): ModeStats(100, 1400, 1.0),
+        ("spec", 12): ModeStats(100, 1120, 1.0),
+    }
+    est = estimate("H100", stats)
+    assert est.crossover.batch == pytest.approx(12.0)
+    assert est.threshold == 12
+
+
+def test_a_speedup_of_exactly_one_is_where_it_crosses() -> None:
+    stats = {
+        ("plain", 4): ModeStats(100, 400, 1.0),
+        ("spec", 4): ModeStats(100, 600, 1.0),
+        ("plain", 6): ModeStats(100, 600, 1.0),
+        ("spec", 6): ModeStats(100, 600, 1.0),
+    }
+    est = estimate("H100", stats)
+    assert est.crossover.batch == pytest.approx(6.0)
+    assert est.reason == "crossover at batch 6.0: speedup 1.50 at batch 4, 1.00 at 6"

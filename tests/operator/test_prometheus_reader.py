@@ -1,0 +1,214 @@
+"""The Prometheus reader: against the real local Prometheus scraping a real engine pod (one
+SpecDeployment's engines selected by labels, step sums per SKU and mode, traffic, unknown
+never zero), and against a Prometheus that is down or answers garbage."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from spectune.operator.prometheus import (
+    FleetWindow,
+    LabelNames,
+    PrometheusReader,
+    PrometheusUnavailable,
+    Selector,
+)
+from spectune.operator.triggers import Traffic
+from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback, wait_until
+
+PORT = 8000
+INSTANCE = "reader-test"
+WINDOW = 120
+# Engines listen on loopback pod IPs: never through a proxy.
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def test_matchers_use_the_configured_label_names_and_quote_values() -> None:
+    default = Selector("ns-1", "my-sd")
+    assert default.matchers() == '{namespace="ns-1",app_kubernetes_io_instance="my-sd"}'
+    custom = Selector("ns", 'a"b\\c', LabelNames(namespace="kube_ns", instance="job"))
+    assert custom.matchers(outcome="ok") == r'{kube_ns="ns",job="a\"b\\c",outcome="ok"}'
+
+
+def test_prometheus_down_is_an_error_not_unknown() -> None:
+    with socket.socket() as s:  # a loopback port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    reader = PrometheusReader(f"http://127.0.0.1:{port}", timeout_seconds=2)
+    with pytest.raises(PrometheusUnavailable):
+        reader.read(Selector("ns", "sd"), WINDOW)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>not prometheus</html>", b'{"status": "success", "data": {"result": "x"}}',
+     b'{"status": "success", "data": {"result": [{"metric": {}, "value": [1, "y"]}]}}'],
+)  # fmt: skip
+def test_garbage_from_prometheus_is_an_error(body: bytes) -> None:
+    class Garbage(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        reader = PrometheusReader(f"http://127.0.0.1:{server.server_port}", timeout_seconds=2)
+        with pytest.raises(PrometheusUnavailable):
+            reader.engines(Selector("ns", "sd"))
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine_pod(cluster: Cluster, tiny_pair: tuple[Path, Path]) -> Iterator[Any]:
+    """One engine pod of a SpecDeployment-like instance, exploring 30% of iterations so that
+    both modes get steps; yields the pod once its engine is ready."""
+    ns = f"reader-{uuid.uuid4().hex[:8]}"
+    labels = {**ENGINE_LABEL, "app.kubernetes.io/instance": INSTANCE}
+    deployment = {
+        "metadata": {"name": "engine", "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true", "prometheus.io/port": str(PORT)
+                    },
+                },
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                    "containers": [{
+                        "name": "engine",
+                        "image": "spectune/engine:dev",
+                        "args": ["--model", "tiny-target", "--method", "ngram", "--device", "cpu",
+                                 "--exploration", "0.3"],
+                        "ports": [{"name": "http", "containerPort": PORT}],
+                    }],
+                },
+            },
+        },
+    }  # fmt: skip
+    with cluster.api() as api:
+        core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        try:
+            apps.create_namespaced_deployment(ns, deployment)
+
+            def running() -> Any:
+                pods = core.list_namespaced_pod(ns).items
+                return next(
+                    (p for p in pods if p.status.phase == "Running" and p.status.pod_ip), None
+                )
+
+            pod = wait_until("the engine pod to run", running)
+            assert is_loopback(pod.status.pod_ip)
+            base = f"http://{pod.status.pod_ip}:{PORT}"
+            wait_until("the engine to be ready", lambda: HTTP.open(f"{base}/readyz"), timeout=180)
+            yield pod
+        finally:
+            core.delete_namespace(ns)
+
+
+def complete(base: str, prompt: str) -> bool:
+    body = json.dumps({"model": "tiny-target", "prompt": prompt, "max_tokens": 24}).encode()
+    request = urllib.request.Request(
+        f"{base}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+    with HTTP.open(request, timeout=60) as r:
+        return r.status == 200
+
+
+def drive(base: str, seconds: float, concurrency: int = 3) -> int:
+    """Completions from `concurrency` clients for `seconds`, spread over several scrapes (a
+    counter's first scraped value is not an increase); returns how many succeeded."""
+    deadline = time.monotonic() + seconds
+
+    def client_loop(i: int) -> int:
+        done = 0
+        while time.monotonic() < deadline:
+            done += complete(base, f"def function_{i}_{done}(self, value):\n    return value")
+        return done
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return sum(pool.map(client_loop, range(concurrency)))
+
+
+@pytest.mark.cluster
+def test_reads_one_deployments_engines_from_the_real_prometheus(
+    cluster: Cluster, engine_pod: Any
+) -> None:
+    ns, name = engine_pod.metadata.namespace, engine_pod.metadata.name
+    reader = PrometheusReader(cluster.prometheus_url)
+    mine = Selector(ns, INSTANCE)
+    wait_until("Prometheus to scrape the engine", lambda: reader.engines(mine), timeout=60)
+
+    sent = drive(f"http://{engine_pod.status.pod_ip}:{PORT}", seconds=15)
+    assert sent > 0
+
+    def scraped() -> FleetWindow | None:
+        window = reader.read(mine, WINDOW)
+        return window if (window.traffic.requests or 0) >= 0.8 * sent else None
+
+    window = wait_until("the traffic's counters in Prometheus", scraped, timeout=30)
+    (info,) = window.engines.values()
+    assert info.pod == name and info.device and info.model
+    assert info.age_seconds <= reader.stale_after
+    assert window.skus == {info.device}
+    assert set(window.steps) == {info.device}
+    stats = window.steps[info.device]
+    assert {mode for mode, _ in stats} == {"spec", "plain"}, stats
+    for s in stats.values():
+        assert s.steps > 0 and s.tokens >= s.steps and s.seconds > 0
+    t = window.traffic
+    assert t.requests is not None and t.requests <= 1.3 * sent
+    assert t.slo_met is not None and 0 <= t.slo_met <= t.requests * 1.01
+    assert t.acceptance is not None and 0 <= t.acceptance <= 1
+    assert t.tokens_per_request is not None and 1 <= t.tokens_per_request <= 24 * 1.3
+    assert t.decode_tokens == pytest.approx(sum(s.tokens for s in stats.values()), rel=0.01)
+    assert t.busy_seconds == pytest.approx(sum(s.seconds for s in stats.values()))
+    assert t.mean_running is not None and t.mean_running >= 0
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "instance, labels, stale_after",
+    [
+        ("another-instance", LabelNames(), 30.0),  # nothing matches
+        (INSTANCE, LabelNames(instance="app"), 30.0),  # a label name this setup lacks
+        (INSTANCE, LabelNames(), -1.0),  # every series counts as stale
+    ],
+)
+def test_missing_or_stale_data_is_unknown_not_zero(
+    cluster: Cluster, engine_pod: Any, instance: str, labels: LabelNames, stale_after: float
+) -> None:
+    ns = engine_pod.metadata.namespace
+    wait_until(
+        "Prometheus to scrape the engine",
+        lambda: PrometheusReader(cluster.prometheus_url).engines(Selector(ns, INSTANCE)),
+        timeout=60,
+    )
+    reader = PrometheusReader(cluster.prometheus_url, stale_after_seconds=stale_after)
+    window = reader.read(Selector(ns, instance, labels), WINDOW)
+    assert window.engines == {} and window.steps == {} and window.skus == frozenset()
+    assert window.traffic == Traffic(seconds=WINDOW)
+    assert window.traffic.request_rate is None and window.traffic.acceptance is None
