@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
+import zlib
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,9 +19,25 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--peering", default="spectune", help="ClusterKopfPeering to meet other replicas in"
     )
-    run.add_argument("--priority", type=int, default=0, help="the highest-priority replica acts")
+    run.add_argument(
+        "--priority",
+        type=_priority,
+        default=0,
+        help="the highest-priority replica acts; `auto`: one derived from the host (pod) name, "
+        "so that replicas of one Deployment differ",
+    )
     run.add_argument(
         "--liveness", default="http://127.0.0.1:8080/healthz", help="kopf's liveness endpoint"
+    )
+    run.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help="serve the operator's Prometheus metrics here (default: off)",
+    )
+    run.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("SPECTUNE_PROMETHEUS_URL", "http://127.0.0.1:9090"),
+        help="the Prometheus that scrapes the engines (handlers get it as memo.prometheus_url)",
     )
     run.add_argument(
         "--log-level",
@@ -34,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args)
 
 
+def _priority(value: str) -> int:
+    """An integer, or `auto`: a stable hash of the host name (a pod's name) in [1, 2**30], so
+    replicas of one Deployment get distinct priorities (kopf lets equal ones both act)."""
+    if value == "auto":
+        return 1 + zlib.crc32(socket.gethostname().encode()) % (2**30)
+    return int(value)
+
+
 def _run(args: argparse.Namespace) -> int:
     import logging
 
@@ -45,18 +73,32 @@ def _run(args: argparse.Namespace) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("spectune.operator").info(
-        "starting: namespaces=%s peering=%s priority=%d resync=%.0fs",
+        "starting: namespaces=%s peering=%s priority=%d resync=%.0fs prometheus=%s metrics=%s",
         args.namespace or "all",
         args.peering,
         args.priority,
         handlers.RESYNC_SECONDS,
+        args.prometheus_url,
+        args.metrics_address or "off",
     )
+    if args.metrics_address:
+        from spectune.operator import metrics
+
+        metrics.serve(args.metrics_address, args.namespace)
+
+    @kopf.on.startup()
+    def cluster_peering(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # kopf meets namespaced replicas in per-namespace KopfPeerings; ours meet in the one
+        # ClusterKopfPeering whichever namespaces they watch.
+        settings.peering.clusterwide = True
+
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace or [],
         peering_name=args.peering,
         priority=args.priority,
         liveness_endpoint=args.liveness,
+        memo=kopf.Memo(prometheus_url=args.prometheus_url),
     )
     return 0
 

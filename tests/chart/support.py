@@ -1,0 +1,54 @@
+"""Running the real helm on the chart: render it, lint it, install it into the local cluster."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster.support import REPO
+
+HELM = REPO / ".local" / "bin" / "helm"
+CHART = REPO / "charts" / "spectune"
+VALUES = Path(__file__).parent / "values"
+INVALID = Path(__file__).parent / "invalid"
+KUBE_VERSION = "1.37.2"  # the local cluster's; the chart requires >= 1.30
+
+
+def helm(
+    *args: str, check: bool = True, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run helm; its output is returned, its failures raise with stderr in the message."""
+    cmd = [str(HELM), *args]
+    if kubeconfig is not None:
+        cmd += ["--kubeconfig", str(kubeconfig)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check and out.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr}")
+    return out
+
+
+def template_args(*values: Path, namespace: str = "default", chart: Path = CHART) -> list[str]:
+    return [
+        "template", "spectune", str(chart), "--namespace", namespace,
+        "--kube-version", KUBE_VERSION, *[a for v in values for a in ("-f", str(v))],
+    ]  # fmt: skip
+
+
+def render(*values: Path, namespace: str = "default") -> list[dict[str, Any]]:
+    """The chart's objects (hooks included) for these value files."""
+    out = helm(*template_args(*values, namespace=namespace)).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [
+        o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (found,) = find(objs, kind, name)
+    return found

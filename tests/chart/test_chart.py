@@ -1,0 +1,187 @@
+"""The chart rendered by the real helm, without a cluster: version, lint, CRDs from the one
+source, RBAC from the one rules file, the Deployment's args and security, and the schema."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spectune.operator.crd import crd_yaml
+from tests.cluster.support import REPO
+
+from .support import CHART, INVALID, KUBE_VERSION, VALUES, find, helm, one, render
+
+RULES = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
+VALUE_FILES = [[], [VALUES / "ha-namespaced.yaml"], [VALUES / "monitoring.yaml"]]
+# Each invalid value file and the field the schema's message must name.
+INVALID_FIELDS = {
+    "replicas-negative.yaml": "/replicas",
+    "port-string.yaml": "/operator/metricsPort",
+    "unknown-key.yaml": "'intervall' not allowed",
+    "goodput-target-above-one.yaml": "/monitoring/prometheusRule/goodputTarget",
+    "namespace-uppercase.yaml": "/operator/watchNamespaces/0",
+    "prometheus-url-no-scheme.yaml": "/operator/prometheusUrl",
+}
+
+
+def test_chart_version_is_the_package_version() -> None:
+    package = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == package
+
+
+@pytest.mark.parametrize("values", VALUE_FILES, ids=["default", "ha-namespaced", "monitoring"])
+def test_lint_strict(values: list[Path]) -> None:
+    args = [a for v in values for a in ("-f", str(v))]
+    out = helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), *args)
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_crds_are_the_generated_ones_with_keep() -> None:
+    """Templates hold crds/ as generated from the models (crds/ itself is checked against the
+    models in tests/operator/test_crd.py), plus labels and the keep annotation."""
+    objs = render()
+    assert (REPO / "crds" / "specdeployments.spectune.io.yaml").read_text() == crd_yaml()
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        want = yaml.safe_load(path.read_text())
+        got = one(objs, "CustomResourceDefinition", want["metadata"]["name"])
+        assert got["spec"] == want["spec"], path.name
+        assert got["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert got["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        assert {k: v for k, v in got.items() if k != "metadata"} == {
+            k: v for k, v in want.items() if k != "metadata"
+        }
+
+
+def test_crds_switches() -> None:
+    unkept = render(VALUES / "monitoring.yaml")
+    for crd in find(unkept, "CustomResourceDefinition"):
+        assert "annotations" not in crd["metadata"]
+    out = helm(*_template("--set", "crds.install=false")).stdout
+    assert "CustomResourceDefinition" not in out
+
+
+def _template(*extra: str) -> list[str]:
+    return ["template", "spectune", str(CHART), "--kube-version", KUBE_VERSION, *extra]
+
+
+def test_cluster_wide_rbac_is_exactly_the_rules_file() -> None:
+    objs = render()
+    role = one(objs, "ClusterRole")
+    assert sorted(map(json.dumps, role["rules"])) == sorted(map(json.dumps, RULES))
+    assert not find(objs, "Role")
+    binding = one(objs, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "spectune", "namespace": "default"}
+    ]
+
+
+def test_watched_namespaces_get_roles_and_no_cluster_wide_rights_on_namespaced_objects() -> None:
+    objs = render(VALUES / "ha-namespaced.yaml")
+    cluster_rules = one(objs, "ClusterRole")["rules"]
+    assert {r for rule in cluster_rules for r in rule["resources"]} == {
+        "namespaces", "customresourcedefinitions", "clusterkopfpeerings",
+    }  # fmt: skip
+    roles = find(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["default", "kube-public"]
+    for role in roles:  # together with the ClusterRole: exactly the rules file
+        assert sorted(map(json.dumps, role["rules"] + cluster_rules)) == sorted(
+            map(json.dumps, RULES)
+        )
+    bindings = find(objs, "RoleBinding")
+    assert {b["subjects"][0]["name"] for b in bindings} == {"spectune-ha"}
+    assert one(objs, "ServiceAccount")["metadata"]["name"] == "spectune-ha"
+
+
+def _container(objs: list[dict]) -> dict:
+    (container,) = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_deployment_args_probes_and_security() -> None:
+    objs = render()
+    deployment = one(objs, "Deployment")
+    container = _container(objs)
+    assert container["image"] == "ghcr.io/spectune/spectune-operator:0.1.0"
+    assert container["args"] == [
+        "run",
+        "--peering=spectune",
+        "--priority=100",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics-address=0.0.0.0:9101",
+        "--prometheus-url=http://prometheus-operated.monitoring.svc:9090",
+        "--log-level=INFO",
+    ]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9101}
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["runAsNonRoot"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["serviceAccountName"] == "spectune"
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    peering = one(objs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "spectune"
+    assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+
+
+def test_replicas_get_distinct_priorities_and_namespaces() -> None:
+    objs = render(VALUES / "ha-namespaced.yaml")
+    assert one(objs, "Deployment")["spec"]["replicas"] == 2
+    container = _container(objs)
+    assert container["image"] == "registry.example.com/platform/spectune-operator:0.1.0-rc1"
+    args = container["args"]
+    assert "--priority=auto" in args and "--peering=spectune-ha" in args
+    assert [a for a in args if a.startswith("--namespace=")] == [
+        "--namespace=default",
+        "--namespace=kube-public",
+    ]
+    assert one(objs, "ClusterKopfPeering")["metadata"]["name"] == "spectune-ha"
+
+
+def test_monitoring_objects_follow_their_values() -> None:
+    plain = render()
+    assert {o["kind"] for o in plain} >= {"Service", "ConfigMap"}
+    assert not find(plain, "ServiceMonitor") and not find(plain, "PrometheusRule")
+    assert not find(plain, "PodMonitor")
+    objs = render(VALUES / "monitoring.yaml")
+    monitor = one(objs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    service = one(objs, "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["spec"]["selector"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    pod_monitor = one(objs, "PodMonitor")
+    assert pod_monitor["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "spectune-engine"
+    }
+    dashboard = one(objs, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["spectune.json"]) == json.loads(
+        (CHART / "files" / "dashboards" / "spectune.json").read_text()
+    )
+
+
+@pytest.mark.parametrize("name", sorted(INVALID_FIELDS))
+def test_schema_rejects_invalid_values_naming_the_field(name: str) -> None:
+    path = INVALID / name
+    for args in (
+        _template("-f", str(path)),
+        ["lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), "-f", str(path)],
+    ):
+        out = helm(*args, check=False)
+        assert out.returncode != 0, args
+        assert INVALID_FIELDS[name] in out.stdout + out.stderr
+
+
+def test_every_invalid_file_is_checked() -> None:
+    assert sorted(p.name for p in INVALID.glob("*.yaml")) == sorted(INVALID_FIELDS)

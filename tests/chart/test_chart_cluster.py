@@ -1,0 +1,256 @@
+"""The chart against the real local API server (RBAC on): its objects pass a server-side dry
+run; `helm install` creates them and the operator, run as the chart's ServiceAccount with the
+chart's args, reconciles the example to Ready; `helm upgrade` upgrades a changed CRD;
+`helm uninstall` removes everything but the kept CRDs.
+
+The cluster is shared: the release watches only a namespace of its own (so it never acts on
+other tests' SpecDeployments), CRDs that exist already are adopted by the release (the README
+says how), and the CRD is put back as generated after the upgrade.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.cluster.support import REPO, Cluster, sa_kubeconfig, wait_until
+from tests.operator.conftest import _get, apply_files, get_sd, kubectl, stop
+
+from .support import CHART, VALUES, helm, template_args
+
+pytestmark = pytest.mark.cluster
+
+CRDS = ["specdeployments.spectune.io", "clusterkopfpeerings.kopf.dev"]
+POD_MONITOR_CRD = REPO / "tests" / "operator" / "podmonitor-crd.yaml"
+MONITORING_CRDS = Path(__file__).parent / "monitoring-crds.yaml"
+EXAMPLE = REPO / "examples" / "specdeployment.yaml"
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, no proxy
+
+
+@pytest.mark.parametrize(
+    "values", [[], [VALUES / "ha-namespaced.yaml"], [VALUES / "monitoring.yaml"]],
+    ids=["default", "ha-namespaced", "monitoring"],
+)  # fmt: skip
+def test_rendered_objects_pass_a_server_side_dry_run(cluster: Cluster, values: list[Path]) -> None:
+    # The peering hook needs its CRD served; the monitoring objects need theirs.
+    apply_files(cluster, REPO / "crds" / "kopf-peering.yaml", POD_MONITOR_CRD, MONITORING_CRDS)
+    manifest = helm(*template_args(*values)).stdout
+    out = subprocess.run(
+        [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
+         "apply", "--dry-run=server", "-f", "-"],
+        input=manifest, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "deployment.apps/spectune created (server dry run)" in out.stdout, out.stdout
+
+
+def adopt_existing_crds(cluster: Cluster, release: str, namespace: str) -> None:
+    """CRDs applied earlier (by kubectl) become the release's, as README tells users."""
+    existing = kubectl(cluster, "get", "crd", "-o", "name").split()
+    for name in CRDS:
+        if f"customresourcedefinition.apiextensions.k8s.io/{name}" in existing:
+            kubectl(
+                cluster, "label", "--overwrite", "crd", name, "app.kubernetes.io/managed-by=Helm"
+            )
+            kubectl(
+                cluster, "annotate", "--overwrite", "crd", name,
+                f"meta.helm.sh/release-name={release}",
+                f"meta.helm.sh/release-namespace={namespace}",
+            )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A release in a namespace of its own that watches another namespace of its own."""
+    suffix = uuid.uuid4().hex[:6]
+    info = {
+        "name": f"st-{suffix}",
+        "namespace": f"st-{suffix}-system",
+        "watched": f"st-{suffix}-apps",
+        "tmp": tmp_path_factory.mktemp("chart"),
+    }
+    values = info["tmp"] / "values.json"
+    values.write_text(
+        json.dumps(
+            {
+                "operator": {
+                    "watchNamespaces": [info["watched"]],
+                    "prometheusUrl": cluster.prometheus_url,
+                }
+            }
+        )
+    )
+    info["values"] = values
+    with cluster.api() as admin:
+        core = client.CoreV1Api(admin)
+        for ns in (info["namespace"], info["watched"]):
+            core.create_namespace({"metadata": {"name": ns}})
+        adopt_existing_crds(cluster, info["name"], info["namespace"])
+        info["install"] = helm(
+            "install", info["name"], str(CHART), "--namespace", info["namespace"],
+            "-f", str(values), kubeconfig=cluster.kubeconfig,
+        ).stdout  # fmt: skip
+        try:
+            yield info
+        finally:
+            helm(
+                "uninstall", info["name"], "--namespace", info["namespace"], "--wait",
+                check=False, kubeconfig=cluster.kubeconfig,
+            )  # fmt: skip
+            for ns in (info["watched"], info["namespace"]):
+                core.delete_namespace(ns)
+            kubectl(
+                cluster,
+                "delete",
+                "--ignore-not-found",
+                "clusterkopfpeering",
+                f"{info['name']}-spectune",
+            )
+
+
+def test_install_creates_crds_rbac_services_and_the_operator(cluster: Cluster, release) -> None:
+    name, ns = release["name"], release["namespace"]
+    fullname = f"{name}-spectune"
+    with cluster.api() as admin:
+        ext = client.ApiextensionsV1Api(admin)
+        for crd in CRDS:
+            live = ext.read_custom_resource_definition(crd)
+            assert live.metadata.annotations["meta.helm.sh/release-name"] == name
+            assert live.metadata.annotations["helm.sh/resource-policy"] == "keep"
+        rbac = client.RbacAuthorizationV1Api(admin)
+        assert rbac.read_cluster_role(fullname).rules
+        assert rbac.read_namespaced_role(fullname, release["watched"]).rules
+        assert rbac.read_namespaced_role_binding(fullname, release["watched"])
+        core = client.CoreV1Api(admin)
+        assert core.read_namespaced_service_account(fullname, ns)
+        assert core.read_namespaced_service(f"{fullname}-metrics", ns)
+        deployment = client.AppsV1Api(admin).read_namespaced_deployment(fullname, ns)
+        assert deployment.spec.template.spec.service_account_name == fullname
+        peering = client.CustomObjectsApi(admin).get_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", fullname
+        )
+        assert peering["metadata"]["name"] == fullname
+    assert f"kubectl -n {ns} rollout status deployment/{fullname}" in release["install"]
+    assert f"It manages SpecDeployments in: {release['watched']}." in release["install"]
+
+
+def test_operator_as_the_charts_service_account_reconciles_the_example(
+    cluster: Cluster, release, free_ports: tuple[int, int]
+) -> None:
+    """The Deployment's own args and ServiceAccount (kwok runs no containers): the example
+    becomes Ready, and the operator's metrics endpoint reports it."""
+    name, ns, watched = release["name"], release["namespace"], release["watched"]
+    fullname = f"{name}-spectune"
+    with cluster.api() as admin:
+        deployment = client.AppsV1Api(admin).read_namespaced_deployment(fullname, ns)
+        (container,) = deployment.spec.template.spec.containers
+        kubeconfig = sa_kubeconfig(cluster, ns, fullname, release["tmp"] / "operator.kubeconfig")
+        health, metrics_port = free_ports
+        # Listen on loopback here instead of the pod's 0.0.0.0 (later flags win).
+        args = [
+            *container.args,
+            f"--liveness=http://127.0.0.1:{health}/healthz",
+            f"--metrics-address=127.0.0.1:{metrics_port}",
+        ]
+        log = release["tmp"] / "operator.log"
+        env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "spectune.operator.cli", *args],
+            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            kubectl(cluster, "apply", "-n", watched, "-f", str(EXAMPLE))
+
+            def ready() -> bool:
+                conditions = get_sd(admin, watched, "tiny").get("status", {}).get("conditions")
+                return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+            wait_until(f"the example to be Ready (log: {log})", ready, timeout=300)
+            with HTTP.open(f"http://127.0.0.1:{health}/healthz", timeout=5) as r:
+                assert r.status == 200
+            with HTTP.open(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            samples = {
+                (sample.name, sample.labels.get("type", "")): sample
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.labels.get("namespace") == watched
+            }
+            ready_condition = samples["spectune_operator_condition", "Ready"]
+            assert ready_condition.labels["status"] == "True"
+            assert ready_condition.labels["specdeployment"] == "tiny"
+            assert samples["spectune_operator_ready_replicas", ""].value == 2
+            assert samples["spectune_operator_threshold", ""].value == 8  # the example's value
+            assert "forbidden" not in log.read_text().lower()
+        finally:
+            stop(process)
+            kubectl(cluster, "delete", "-n", watched, "-f", str(EXAMPLE), "--wait=false")
+
+
+@pytest.fixture
+def free_ports() -> tuple[int, int]:
+    """Two free loopback ports (held together while chosen, so they differ)."""
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        return a.getsockname()[1], b.getsockname()[1]
+
+
+def test_upgrade_updates_a_changed_crd(cluster: Cluster, release) -> None:
+    chart = release["tmp"] / "spectune-next"
+    shutil.copytree(CHART, chart, symlinks=False)  # the crds/ link becomes files to change
+    path = chart / "files" / "crds" / "specdeployments.spectune.io.yaml"
+    crd = yaml.safe_load(path.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["priorityClassName"] = {"type": "string", "description": "a new field"}
+    path.write_text(yaml.safe_dump(crd, sort_keys=False))
+    common = ["--namespace", release["namespace"], "-f", str(release["values"])]
+    with cluster.api() as admin:
+        ext = client.ApiextensionsV1Api(admin)
+
+        def served_spec() -> dict:
+            live = ext.read_custom_resource_definition(CRDS[0])
+            return live.spec.versions[0].schema.open_apiv3_schema.properties["spec"].properties
+
+        try:
+            helm("upgrade", release["name"], str(chart), *common, kubeconfig=cluster.kubeconfig)
+            assert "priorityClassName" in served_spec()
+        finally:  # the shared cluster gets the generated CRD back
+            helm("upgrade", release["name"], str(CHART), *common, kubeconfig=cluster.kubeconfig)
+        assert "priorityClassName" not in served_spec()
+
+
+def test_uninstall_removes_everything_but_the_kept_crds(cluster: Cluster, release) -> None:
+    name, ns = release["name"], release["namespace"]
+    fullname = f"{name}-spectune"
+    helm("uninstall", name, "--namespace", ns, "--wait", kubeconfig=cluster.kubeconfig)
+    with cluster.api() as admin:
+        rbac = client.RbacAuthorizationV1Api(admin)
+        core = client.CoreV1Api(admin)
+        gone = [
+            (client.AppsV1Api(admin).read_namespaced_deployment, fullname, ns),
+            (core.read_namespaced_service_account, fullname, ns),
+            (core.read_namespaced_service, f"{fullname}-metrics", ns),
+            (core.read_namespaced_config_map, f"{fullname}-dashboard", ns),
+            (rbac.read_namespaced_role, fullname, release["watched"]),
+            (rbac.read_namespaced_role_binding, fullname, release["watched"]),
+        ]
+        for read, obj, namespace in gone:
+            assert _get(read, obj, namespace) is None, (read.__name__, obj)
+        for read in (rbac.read_cluster_role, rbac.read_cluster_role_binding):
+            assert _get(lambda n, _ns, read=read: read(n), fullname, "") is None
+        ext = client.ApiextensionsV1Api(admin)
+        for crd in CRDS:
+            assert ext.read_custom_resource_definition(crd).metadata.name == crd

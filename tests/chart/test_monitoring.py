@@ -1,0 +1,130 @@
+"""Alerts and dashboard: every PromQL expression parses in the real Prometheus and names only
+metrics of the engine's contract or the operator's own; the dashboard is a Grafana model."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from spectune.engine import contract
+from spectune.operator import metrics
+from tests.cluster.support import Cluster
+
+from .support import CHART, VALUES, one, render
+
+pytestmark = pytest.mark.cluster
+
+HISTOGRAMS = {
+    contract.TIME_TO_FIRST_TOKEN, contract.INTER_TOKEN_LATENCY,
+    contract.E2E_REQUEST_LATENCY, contract.STEP_SECONDS,
+}  # fmt: skip
+KNOWN = (
+    set(contract.ALL_METRICS)
+    | {f"{h}_{suffix}" for h in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
+    | set(metrics.ALL_METRICS)
+)
+# What Grafana substitutes before a query reaches Prometheus.
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "1m",
+    "$namespace": "default",
+    "$specdeployment": ".*",
+}
+DASHBOARD = json.loads((CHART / "files" / "dashboards" / "spectune.json").read_text())
+
+
+def selectors(node: Any) -> Iterator[str]:
+    """Metric names of every vector selector in a parsed expression (Prometheus' AST JSON)."""
+    if isinstance(node, dict):
+        if node.get("type") in ("vectorSelector", "matrixSelector"):
+            yield node["name"]
+        for child in node.values():
+            yield from selectors(child)
+    elif isinstance(node, list):
+        for child in node:
+            yield from selectors(child)
+
+
+def parse(cluster: Cluster, expr: str) -> set[str]:
+    """Parse with the real Prometheus; the metric names the expression reads."""
+    names = set(selectors(cluster.prometheus("/api/v1/parse_query", query=expr)))
+    assert names, f"no metric in {expr!r}"
+    return names
+
+
+def dashboard_exprs() -> list[str]:
+    exprs = [t["expr"] for p in DASHBOARD["panels"] for t in p["targets"]]
+    for variable in DASHBOARD["templating"]["list"]:
+        if variable["type"] == "query":  # label_values(SELECTOR, label): Grafana's, not PromQL
+            match = re.fullmatch(r"label_values\((.+), \w+\)", variable["query"]["query"])
+            assert match, variable
+            exprs.append(match[1])
+    out = []
+    for expr in exprs:
+        for name, value in GRAFANA_VARIABLES.items():
+            expr = expr.replace(name, value)
+        assert "$" not in expr, expr
+        out.append(expr)
+    return out
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    rule = one(render(VALUES / "monitoring.yaml"), "PrometheusRule")
+    return [r for group in rule["spec"]["groups"] for r in group["rules"]]
+
+
+def test_alerts_parse_and_name_known_metrics(cluster: Cluster) -> None:
+    rules = alert_rules()
+    assert {r["alert"] for r in rules} == {
+        "SpecDeploymentDegraded",
+        "SpecDeploymentCalibrationFailing",
+        "SpecDeploymentGoodputBelowTarget",
+        "SpecDeploymentThresholdFlapping",
+    }
+    for rule in rules:
+        assert parse(cluster, rule["expr"]) <= KNOWN, rule["alert"]
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    goodput = next(r for r in rules if r["alert"] == "SpecDeploymentGoodputBelowTarget")
+    assert goodput["expr"].endswith("< 0.95")  # the value file's target
+
+
+def test_dashboard_queries_parse_and_name_known_metrics(cluster: Cluster) -> None:
+    used: set[str] = set()
+    for expr in dashboard_exprs():
+        names = parse(cluster, expr)
+        assert names <= KNOWN, (expr, names - KNOWN)
+        used |= names
+    # What the dashboard promises to show.
+    assert {
+        contract.REQUESTS_SLO_MET, contract.SPEC_THRESHOLD, metrics.CROSSOVER,
+        contract.SPEC_ACCEPTED_TOKENS, contract.STEP_OUTPUT_TOKENS,
+        contract.ADMITTED_CONCURRENCY, contract.SPEC_EXPLORATION_RATIO,
+    } <= used  # fmt: skip
+
+
+def test_a_wrong_metric_name_is_caught(cluster: Cluster) -> None:
+    """The check above is not vacuous: a typo in a metric name is not in KNOWN."""
+    assert not parse(cluster, "rate(spectune_request_total[5m])") <= KNOWN
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        parse(cluster, "rate(spectune_requests_total[5m)")
+    assert refused.value.code == 400
+
+
+def test_dashboard_is_a_grafana_model() -> None:
+    assert isinstance(DASHBOARD["schemaVersion"], int) and DASHBOARD["schemaVersion"] >= 36
+    assert DASHBOARD["uid"] and DASHBOARD["title"]
+    ids = [p["id"] for p in DASHBOARD["panels"]]
+    assert len(ids) == len(set(ids)) and all(isinstance(i, int) for i in ids)
+    variables = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for panel in DASHBOARD["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}"
+        assert set(panel["gridPos"]) == {"x", "y", "w", "h"}
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}" and target["refId"]

@@ -1,0 +1,50 @@
+"""The operator flags and metrics the chart relies on, without a cluster."""
+
+from __future__ import annotations
+
+import socket
+
+from spectune.operator import metrics
+from spectune.operator.cli import _priority
+
+
+def test_auto_priority_is_stable_per_host_and_differs_between_pods(monkeypatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "spectune-7d9f8-abcde")
+    first = _priority("auto")
+    assert first == _priority("auto") and 1 <= first <= 2**30
+    monkeypatch.setattr(socket, "gethostname", lambda: "spectune-7d9f8-xyz12")
+    assert _priority("auto") != first
+    assert _priority("7") == 7
+
+
+def test_metrics_follow_the_status() -> None:
+    obj = {
+        "metadata": {"namespace": "ns", "name": "llm"},
+        "spec": {"replicas": 3},
+        "status": {
+            "readyReplicas": 2,
+            "threshold": {"current": 8, "recommended": 12, "source": "Measured"},
+            "crossover": {"batchSize": 12, "sku": "NVIDIA-H100-80GB-HBM3"},
+            "conditions": [
+                {"type": "Degraded", "status": "True", "reason": "EnginesFailing",
+                 "lastTransitionTime": "2026-11-30T10:00:00Z"},
+            ],
+        },
+    }  # fmt: skip
+    samples = {f.name: f.samples for f in metrics.families([obj])}
+    assert {f.name for f in metrics.families([])} == set(metrics.ALL_METRICS)
+    (condition,) = samples[metrics.CONDITION]
+    assert condition.labels == {
+        "namespace": "ns", "specdeployment": "llm", "type": "Degraded", "status": "True",
+        "reason": "EnginesFailing",
+    }  # fmt: skip
+    assert samples[metrics.CONDITION_TRANSITION][0].value == 1796032800.0
+    assert samples[metrics.THRESHOLD][0].value == 8
+    assert samples[metrics.THRESHOLD][0].labels["source"] == "Measured"
+    assert samples[metrics.RECOMMENDED_THRESHOLD][0].value == 12
+    assert samples[metrics.CROSSOVER][0].labels["sku"] == "NVIDIA-H100-80GB-HBM3"
+    assert samples[metrics.READY_REPLICAS][0].value == 2
+    assert samples[metrics.REPLICAS][0].value == 3
+    unmeasured = {"metadata": {"namespace": "ns", "name": "new"}, "spec": {}}
+    empty = {f.name: f.samples for f in metrics.families([unmeasured])}
+    assert not empty[metrics.THRESHOLD] and not empty[metrics.CROSSOVER]
