@@ -33,6 +33,9 @@ class EngineConfig:
     min_acceptance: float = 0.2  # a sequence below this recent acceptance pauses speculation
     pause_iterations: int = 16  # ...for this many of its iterations, then retries
     seed: int = 0
+    simulate_device: str | None = None  # a GPU SKU (device_time.SKUS): real tokens, its clock
+    simulate_time_scale: float = 1.0  # modelled seconds x this = the simulated iteration's time
+    simulate_extra_context: int = 0  # cached tokens per sequence the simulated SKU adds
 
     def __post_init__(self) -> None:
         method = self.method if self.method != "auto" else ("draft" if self.draft else "none")
@@ -50,6 +53,10 @@ class EngineConfig:
                 raise InvalidConfig(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.ngram_max < self.ngram_min:
             raise InvalidConfig("ngram_max must be >= ngram_min")
+        if not self.simulate_time_scale > 0:
+            raise InvalidConfig(f"simulate_time_scale must be > 0, got {self.simulate_time_scale}")
+        if self.simulate_extra_context < 0:
+            raise InvalidConfig("simulate_extra_context must be >= 0")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise InvalidConfig(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
 

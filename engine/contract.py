@@ -35,14 +35,19 @@ SPEC_DRAFT_TOKENS = "spectune_spec_draft_tokens_total"  # counter
 SPEC_ACCEPTED_TOKENS = "spectune_spec_accepted_tokens_total"  # counter
 SPEC_THRESHOLD = "spectune_spec_threshold"  # gauge: +Inf when unset (always speculate)
 SPEC_EXPLORATION_RATIO = "spectune_spec_exploration_ratio"  # gauge
-ENGINE_INFO = "spectune_engine_info"  # gauge = 1, labels device, model, draft, version
+# gauge = 1, labels device (the GPU product name, "cpu" or a simulated SKU's
+# nvidia.com/gpu.product value), simulated ("true" for a simulated SKU), model, draft, version
+ENGINE_INFO = "spectune_engine_info"
+# Iterations on a simulated SKU whose real time exceeded their modelled time: the simulation
+# was not faithful there (raise the time scale).
+SIMULATED_OVERRUNS = "spectune_simulated_overruns_total"  # counter
 
 ALL_METRICS = (
     REQUESTS, REQUESTS_SLO_MET, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY,
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, ADMITTED_CONCURRENCY,
     STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, DRAFT_CATCHUP_SECONDS, ITERATIONS,
     SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_THRESHOLD, SPEC_EXPLORATION_RATIO,
-    ENGINE_INFO,
+    ENGINE_INFO, SIMULATED_OVERRUNS,
 )  # fmt: skip
 
 OUTCOMES = ("ok", "error", "rejected", "invalid")  # invalid: refused with a 4xx other than 429

@@ -40,6 +40,15 @@ SKUS = {
 }
 
 
+def sku_named(name: str) -> Sku:
+    """A SKU by its short name (H100) or its nvidia.com/gpu.product label, any case."""
+    for key, sku in SKUS.items():
+        if name.lower() in (key.lower(), sku.product.lower()):
+            return sku
+    known = ", ".join(f"{k} ({s.product})" for k, s in SKUS.items())
+    raise ValueError(f"unknown GPU SKU {name!r}; simulated SKUs: {known}")
+
+
 @dataclass(frozen=True)
 class VirtualModel:
     """The size of the model the simulated device serves (not the one computing tokens)."""
@@ -80,17 +89,20 @@ def spec_step(
     k: int,
     contexts: list[int],
     gpus: int = 1,
+    verified: float | None = None,
 ) -> float:
     """k sequential draft forwards (none for n-gram lookup: `draft` None), then one verify
-    forward over k + 1 positions per sequence, which reads each context once."""
+    forward over 1 + `verified` positions per sequence (default k: every sequence got k
+    drafted tokens; n-gram lookup often finds fewer), which reads each context once."""
     n, read = len(contexts), sum(contexts)
+    v = k if verified is None else verified
     drafting = sum(
         draft.forward(sku, n, read + i * n, read + i * n, gpus)
         for i in range(k)
         if draft is not None
     )
-    attended = (k + 1) * read + n * k * (k + 1) // 2
-    return drafting + target.forward(sku, n * (k + 1), read, attended, gpus)
+    attended = (v + 1) * read + n * v * (v + 1) / 2
+    return drafting + target.forward(sku, n * (v + 1), read, attended, gpus)
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -112,12 +124,17 @@ class Setting:
     acceptance: float
     context: int  # tokens each sequence has in its KV cache
     gpus: int = 1
+    # Where measured: a spec step's tokens per sequence (else from acceptance, iid) and its
+    # drafted tokens per sequence (else k).
+    tokens: float | None = None
+    verified: float | None = None
 
     def speedup(self, batch: int) -> float:
         """Spec tokens/s over plain tokens/s at this batch size."""
         contexts = [self.context] * batch
-        spec = expected_tokens(self.acceptance, self.k) / spec_step(
-            self.sku, self.target, self.draft, self.k, contexts, self.gpus
+        tokens = expected_tokens(self.acceptance, self.k) if self.tokens is None else self.tokens
+        spec = tokens / spec_step(
+            self.sku, self.target, self.draft, self.k, contexts, self.gpus, self.verified
         )
         return spec * plain_step(self.sku, self.target, contexts, self.gpus)
 

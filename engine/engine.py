@@ -25,6 +25,7 @@ from spectune.engine.model_runner import Feed, ModelRunner
 from spectune.engine.sampling import accept_greedy, accept_sampled, choose_tokens, probabilities
 from spectune.engine.scheduler import Scheduler
 from spectune.engine.sequence import InvalidRequest, SamplingParams, Sequence
+from spectune.engine.simulated_device import SimulatedDevice
 
 CPU_KV_BYTES = 512 << 20
 
@@ -75,6 +76,17 @@ class LLMEngine:
         """`resolve_model` turns a model name into its checkpoint directory; entry points pass
         the zoo's, which also knows the built-in names (the core imports no zoo)."""
         self.config = config
+        self.simulation: SimulatedDevice | None = None
+        if config.simulate_device:
+            try:
+                self.simulation = SimulatedDevice.named(
+                    config.simulate_device,
+                    config.simulate_time_scale,
+                    config.simulate_extra_context,
+                )
+            except ValueError as err:
+                raise InvalidConfig(str(err)) from None
+            clock = self.simulation.clock
         self.clock = clock
         self.resolve_model = resolve_model
         self.device, self.dtype = _resolve_device(config)
@@ -100,6 +112,11 @@ class LLMEngine:
             self.drafter = ModelDrafter(self._runner(self.draft))
         elif config.method == "ngram":
             self.drafter = NgramDrafter(config.ngram_min, config.ngram_max)
+        if self.simulation:
+            sim = self.simulation
+            self.runner.on_forward = lambda feeds: sim.charge(sim.target, feeds)
+            if isinstance(self.drafter, ModelDrafter):
+                self.drafter.runner.on_forward = lambda feeds: sim.charge(sim.draft, feeds)
         self.k = config.k
         self._rng = random.Random(config.seed)
         self.gate = SpeculationGate(config.gate, self._rng)
@@ -173,6 +190,15 @@ class LLMEngine:
         self.scheduler.abort(seq)
 
     @property
+    def device_label(self) -> str:
+        """What metrics call the device: the GPU's name, "cpu", or the simulated SKU's label."""
+        if self.simulation:
+            return self.simulation.label
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return self.device.type
+
+    @property
     def kv_usage(self) -> float:
         blocks = self.scheduler.blocks
         return 1 - blocks.num_free / blocks.usable_blocks
@@ -180,6 +206,12 @@ class LLMEngine:
     # --- one iteration ------------------------------------------------------------
 
     def step(self) -> list[Update]:
+        if self.simulation is None:
+            return self._step()
+        with self.simulation.iteration():
+            return self._step()
+
+    def _step(self) -> list[Update]:
         start = self.clock()
         seqs = self.scheduler.schedule_prefill()
         if seqs:

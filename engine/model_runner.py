@@ -7,6 +7,7 @@ single-token decode batches replay a CUDA graph captured lazily per padded batch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,19 +84,24 @@ class ModelRunner:
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: dict[int, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.on_forward: Callable[[list[Feed]], None] | None = None  # a simulated device's meter
 
     @torch.inference_mode()
     def forward(self, feeds: list[Feed], all_logits: bool) -> Tensor:
         """Logits [B, M, V] in float32: at every fed position, or at each feed's last one."""
         longest = max(len(f.tokens) for f in feeds)
         if self.use_graphs and longest == 1 and len(feeds) <= GRAPH_BATCH_SIZES[-1]:
-            return self._replay(feeds)
-        ids, pos, slots, tables = self._prepare(feeds, longest)
-        index = None
-        if not all_logits:
-            last = [len(f.tokens) - 1 for f in feeds]
-            index = torch.tensor(last, device=self.device).unsqueeze(1)
-        return self._run(ids, pos, slots, tables, index)
+            logits = self._replay(feeds)
+        else:
+            ids, pos, slots, tables = self._prepare(feeds, longest)
+            index = None
+            if not all_logits:
+                last = [len(f.tokens) - 1 for f in feeds]
+                index = torch.tensor(last, device=self.device).unsqueeze(1)
+            logits = self._run(ids, pos, slots, tables, index)
+        if self.on_forward is not None:
+            self.on_forward(feeds)
+        return logits
 
     def _run(
         self, ids: Tensor, pos: Tensor, slots: Tensor, tables: Tensor, index: Tensor | None

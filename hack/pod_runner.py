@@ -16,6 +16,10 @@ real engines at the pods' IPs exactly as they would in a cluster:
   name, namespace, IP and node name as field references are passed on;
 - an engine that exits is restarted with a back-off (restartPolicy Always), one whose pod goes
   away or changes IP is stopped (SIGTERM, then SIGKILL after --stop-timeout);
+- with --simulate-gpus (or SPECTUNE_SIMULATE_GPUS=1 in its environment), every engine runs on
+  a simulated GPU: the SKU of its node's `nvidia.com/gpu.product` label, as a GPU driver makes
+  the node's device visible (engine/simulated_device.py), slowed by --simulate-time-scale;
+  a pod's own SPECTUNE_SIMULATE_* env wins, and a node without the label runs it on the CPU;
 - the pod is Ready only while its engine answers GET /readyz with 200, as a kubelet's readiness
   probe would have it (kwok leaves pods unready): the runner writes the pod's Ready and
   ContainersReady conditions and the container's status (ready, restartCount, state) through
@@ -118,6 +122,14 @@ class Stopping:
 
 class SkipPod(Exception):
     """The pod cannot be run here (no port, non-loopback IP, missing ConfigMap...)."""
+
+
+def simulated_env(product: str | None, time_scale: float) -> dict[str, str]:
+    """The environment that runs an engine on its node's GPU, simulated (nothing off a GPU
+    node)."""
+    if not product:
+        return {}
+    return {"SPECTUNE_SIMULATE_DEVICE": product, "SPECTUNE_SIMULATE_TIME_SCALE": f"{time_scale:g}"}
 
 
 def strip_flags(argv: list[str]) -> list[str]:
@@ -235,6 +247,8 @@ class Runner:
         self.state_dir = Path(args.state_dir).resolve()
         self.log_dir = Path(args.log_dir).resolve()
         self.stop_timeout: float = args.stop_timeout
+        self.simulate: bool = args.simulate_gpus
+        self.time_scale: float = args.simulate_time_scale
         self.engines: dict[str, Engine] = {}
         self.stopping: list[Stopping] = []
         self.base_env = dict(os.environ)
@@ -337,9 +351,15 @@ class Runner:
             host=ip,
             port=port.container_port,
             argv=full,
-            env=tuple(sorted(self.env_of(pod, container).items())),
+            env=tuple(sorted((self.gpu_env(pod) | self.env_of(pod, container)).items())),
         )
         return spec, files, container.name
+
+    def gpu_env(self, pod: Any) -> dict[str, str]:
+        if not self.simulate or not pod.spec.node_name:
+            return {}
+        labels = self.core.read_node(pod.spec.node_name).metadata.labels or {}
+        return simulated_env(labels.get("nvidia.com/gpu.product"), self.time_scale)
 
     def wanted(self) -> dict[str, tuple[EngineSpec, dict[Path, bytes], str, dict[str, Any]]]:
         """Engines that should run now, by pod UID, with their pod's status as the API has it."""
@@ -519,6 +539,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-file", help="touched after the first successful pass")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
     parser.add_argument("--stop-timeout", type=float, default=15.0)
+    parser.add_argument(
+        "--simulate-gpus",
+        action="store_true",
+        default=os.environ.get("SPECTUNE_SIMULATE_GPUS") == "1",
+        help="run engines on their node's GPU SKU, simulated (env SPECTUNE_SIMULATE_GPUS=1)",
+    )
+    parser.add_argument(
+        "--simulate-time-scale",
+        type=float,
+        default=float(os.environ.get("SPECTUNE_SIMULATE_TIME_SCALE", "8")),
+        help="simulated engines' clock runs this many times slower than the SKU (default 8)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 

@@ -249,6 +249,8 @@ class EngineLoop:
             self.engine.kv_usage,
             self.engine.admitted_concurrency,
         )
+        if self.engine.simulation is not None:
+            self.metrics.count_overruns(self.engine.simulation.overruns)
 
 
 def _deliver(outbox: list[tuple[RequestStream, Delta]]) -> None:

@@ -104,6 +104,12 @@ class EngineMetrics:
         self.exploration = Gauge(
             c.SPEC_EXPLORATION_RATIO, "Share of iterations in the other mode", registry=r
         )
+        self.overruns = Counter(
+            _name(c.SIMULATED_OVERRUNS),
+            "Simulated-SKU iterations whose real time exceeded their modelled time",
+            registry=r,
+        )
+        self._overruns_seen = 0
         Gauge(c.ENGINE_INFO, "Engine identity", list(info), registry=r).labels(**info).set(1)
         for outcome in c.OUTCOMES:
             self.requests.labels(outcome)
@@ -141,6 +147,11 @@ class EngineMetrics:
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
         self.admitted.set(admitted)
+
+    def count_overruns(self, total: int) -> None:
+        """The simulated device keeps the running total; the counter follows it."""
+        self.overruns.inc(total - self._overruns_seen)
+        self._overruns_seen = total
 
     def set_speculation(self, threshold: int | None, exploration: float) -> None:
         self.threshold.set(math.inf if threshold is None else threshold)

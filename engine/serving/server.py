@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
-import torch
 from fastapi import APIRouter, Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -179,6 +178,9 @@ class Server:
             device=s.device,
             dtype=s.dtype,
             seed=s.seed,
+            simulate_device=s.simulate_device,
+            simulate_time_scale=s.simulate_time_scale,
+            simulate_extra_context=s.simulate_extra_context,
         )
 
     async def start_or_fail(self) -> None:
@@ -197,12 +199,13 @@ class Server:
         engine = await on_torch_thread(lambda: LLMEngine(config, resolve_model=resolve_model))
         warm_up = SamplingParams(max_tokens=4, ignore_eos=True)
         await on_torch_thread(lambda: engine.generate(["warm up"], warm_up))
-        device = (
-            torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
-        )
+        if engine.simulation:  # the warm-up's first forwards run cold by design
+            engine.simulation.overruns = 0
+        device = engine.device_label
         metrics = EngineMetrics(
             {
                 "device": device,
+                "simulated": "true" if engine.simulation else "false",
                 "model": self.settings.model,
                 "draft": self.settings.draft or "",
                 "version": VERSION,

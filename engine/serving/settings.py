@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from spectune.engine.device_time import sku_named
 from spectune.engine.gate import GateSettings
 
 
@@ -74,6 +75,17 @@ class ServeSettings(BaseModel):
     drain_timeout_s: float = Field(30.0, ge=0)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     seed: int = 0
+    # Run on a simulated GPU SKU (engine/simulated_device.py): real tokens, the SKU's clock.
+    simulate_device: str | None = None
+    simulate_time_scale: float = Field(1.0, gt=0, description="modelled seconds x this")
+    simulate_extra_context: int = Field(0, ge=0, description="simulated cached tokens per sequence")
+
+    @field_validator("simulate_device")
+    @classmethod
+    def _known_sku(cls, value: str | None) -> str | None:
+        if value:
+            sku_named(value)  # raises ValueError naming the SKUs there are
+        return value or None
 
 
 # Flat names (flags and SPECTUNE_* variables) for the nested fields.

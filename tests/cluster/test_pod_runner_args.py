@@ -128,3 +128,11 @@ def test_status_patch_says_why_and_keeps_the_transition_time_while_the_status_ho
     engine = patch["status"]["containerStatuses"][-1]
     assert engine["restartCount"] == 2 and engine["state"] == waiting
     assert runner.status_patch(apply(STATUS, patch), "engine", crashed, 2, waiting, "t6") is None
+
+
+def test_a_gpu_node_runs_its_engine_on_the_simulated_sku() -> None:
+    assert runner.simulated_env("NVIDIA-L4", 8.0) == {
+        "SPECTUNE_SIMULATE_DEVICE": "NVIDIA-L4",
+        "SPECTUNE_SIMULATE_TIME_SCALE": "8",
+    }
+    assert runner.simulated_env(None, 8.0) == {}  # a node without a GPU: the CPU's own clock

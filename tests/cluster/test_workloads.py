@@ -17,7 +17,7 @@ from tests.cluster.support import Cluster, is_loopback, wait_until
 
 pytestmark = pytest.mark.cluster
 
-SKUS = {"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"}
+SKUS = {"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB", "NVIDIA-L4"}
 
 
 @pytest.fixture

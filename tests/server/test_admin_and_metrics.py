@@ -54,6 +54,7 @@ def test_every_contract_metric_is_exposed(server: Served) -> None:
     info = [lab for (n, lab) in parse(server.get("/metrics").text) if n == contract.ENGINE_INFO]
     assert dict(info[0]) == {
         "device": "cpu",
+        "simulated": "false",
         "model": "tiny-target",
         "draft": "tiny-draft",
         "version": "0.1.0",

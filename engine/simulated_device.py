@@ -1,0 +1,101 @@
+"""Run the engine on a simulated GPU SKU: real tokens from the real forwards, a modelled clock.
+
+Every forward still runs on the real device, so outputs and acceptance are exactly what they
+would be (speculation stays lossless). Each forward is charged the seconds
+engine/device_time.py gives for it on the SKU, for the virtual model it stands for (Llama
+3.1 8B as the target, Llama 3.2 1B as the draft), times `time_scale`; the engine times its
+iterations on that clock. When `hold` is on (serving), each iteration is also held until its
+modelled time has passed on the wall clock, so clients see the SKU's latencies; an iteration
+whose real time was already longer is an overrun: the simulation was not faithful there, and
+it is counted and logged. Uniform scaling moves no crossover, so a scale that keeps the
+modelled time above this CPU's real time changes nothing but the speed of the whole run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from spectune.engine.device_time import LLAMA_1B, LLAMA_8B, Sku, VirtualModel, sku_named
+
+log = logging.getLogger(__name__)
+OVERRUN_LOG_INTERVAL_S = 10.0
+
+
+class Fed(Protocol):
+    """What a forward ran for one sequence (model_runner.Feed)."""
+
+    tokens: list[int]
+    start: int
+
+
+@dataclass
+class SimulatedDevice:
+    sku: Sku
+    time_scale: float = 1.0
+    target: VirtualModel = LLAMA_8B
+    draft: VirtualModel = LLAMA_1B
+    hold: bool = True  # keep the wall clock to the modelled one (off: the clock alone, e.g. sweeps)
+    # Cached tokens each sequence holds on the simulated device beyond its real ones: the
+    # built-in models were trained on 128-token sequences, serving contexts run to thousands.
+    extra_context: int = 0
+    modelled: float = 0.0  # scaled modelled seconds so far: the engine's clock
+    overruns: int = 0  # iterations whose real time exceeded their modelled time
+    _last_log: float = field(default=-OVERRUN_LOG_INTERVAL_S, repr=False)
+
+    @classmethod
+    def named(cls, sku: str, time_scale: float = 1.0, extra_context: int = 0) -> SimulatedDevice:
+        if not time_scale > 0:
+            raise ValueError(f"the simulation's time scale must be > 0, got {time_scale}")
+        return cls(sku_named(sku), time_scale, extra_context=extra_context)
+
+    @property
+    def label(self) -> str:
+        """The device as metrics name it: the SKU's nvidia.com/gpu.product value."""
+        return self.sku.product
+
+    def clock(self) -> float:
+        return self.modelled
+
+    def charge(self, model: VirtualModel, feeds: Sequence[Fed]) -> None:
+        """Advance the clock by one forward over `feeds`: each reads its `start` cached tokens,
+        and its j-th new token attends to start + j of them."""
+        positions = sum(len(f.tokens) for f in feeds)
+        starts = [f.start + self.extra_context for f in feeds]
+        attended = sum(
+            len(f.tokens) * start + len(f.tokens) * (len(f.tokens) - 1) // 2
+            for f, start in zip(feeds, starts, strict=True)
+        )
+        cached = sum(starts)
+        self.modelled += self.time_scale * model.forward(self.sku, positions, cached, attended)
+
+    @contextmanager
+    def iteration(self) -> Iterator[None]:
+        """Around one engine iteration: hold the wall clock to the modelled time it took."""
+        wall0, modelled0 = time.perf_counter(), self.modelled
+        yield
+        if not self.hold:
+            return
+        real, modelled = time.perf_counter() - wall0, self.modelled - modelled0
+        if real > modelled > 0:
+            self._overrun(real, modelled)
+        elif real < modelled:
+            time.sleep(modelled - real)
+
+    def _overrun(self, real: float, modelled: float) -> None:
+        self.overruns += 1
+        now = time.monotonic()
+        if now - self._last_log >= OVERRUN_LOG_INTERVAL_S:
+            self._last_log = now
+            log.warning(
+                "simulated %s: an iteration took %.1f ms of real time, longer than its modelled "
+                "%.1f ms (%d overruns so far): raise the time scale for a faithful simulation",
+                self.sku.product,
+                real * 1e3,
+                modelled * 1e3,
+                self.overruns,
+            )
