@@ -8,12 +8,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spectune.engine.checkpoint import ModelNotFound
 from spectune.engine.config import METHODS, EngineConfig
 from spectune.engine.model import UnsupportedArchitecture
 from spectune.engine.sequence import InvalidRequest, SamplingParams
 from spectune.engine.zoo.registry import SIZES, cache_dir, resolve_model
+
+if TYPE_CHECKING:
+    from spectune.engine.bench.trace import TraceSettings
 
 
 class EngineDidNotStart(RuntimeError):
@@ -77,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
         "--drain-timeout-s", type=float, help="SIGTERM: wait this long for running requests"
     )
     serve.add_argument("--seed", type=int)
+    _simulation_flags(serve)
 
     _bench_parser(sub)
 
@@ -86,6 +91,24 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--size", choices=tuple(SIZES), default="tiny")
     build.add_argument("--force", action="store_true", help="rebuild even when cached")
     return parser
+
+
+def _simulation_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--simulate-device",
+        help="run on a simulated GPU SKU (H100, A100, L4, H200 or its nvidia.com/gpu.product "
+        "label): real tokens, the SKU's modelled clock",
+    )
+    parser.add_argument(
+        "--simulate-time-scale",
+        type=float,
+        help="the simulated clock runs this many times slower than the SKU (default 1)",
+    )
+    parser.add_argument(
+        "--simulate-extra-context",
+        type=int,
+        help="cached tokens each sequence holds on the simulated SKU beyond its real ones",
+    )
 
 
 def _numbers(kind: type) -> Callable[[str], tuple]:
@@ -151,7 +174,34 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
         help="never,always,gated (default) or current (a server as configured)",
     )
     bench.add_argument("--seed", type=int, default=0)
+    _simulation_flags(bench)
+    _trace_flags(bench)
     bench.add_argument("--out", type=Path, default=Path("bench-report"))
+
+
+def _trace_flags(bench: argparse.ArgumentParser) -> None:
+    trace = bench.add_argument_group(
+        "trace replay", "replay recorded traffic under each policy instead of load levels"
+    )
+    trace.add_argument(
+        "--trace",
+        help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens (.gz too), or azure-conv: "
+        "the Azure LLM conversation trace that ships with spectune (CC BY 4.0)",
+    )
+    trace.add_argument(
+        "--trace-speed", type=float, help="trace seconds per second of replay (default 1)"
+    )
+    trace.add_argument(
+        "--trace-scale",
+        type=float,
+        help="factor on context and output lengths (default 1); what then does not fit the "
+        "model is clipped, counted and reported",
+    )
+    trace.add_argument(
+        "--trace-max-len",
+        type=int,
+        help="context + output limit, for a URL whose /v1/models does not report max_model_len",
+    )
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -220,6 +270,9 @@ def _bench(args: argparse.Namespace) -> int:
     if result.load_sweep:
         for level in result.load_sweep.levels:
             print(f"goodput {level.policy} at load {level.load:g}: {level.goodput_rps:.3f} req/s")
+    for replayed in result.trace.runs if result.trace else []:
+        total = replayed.total
+        print(f"goodput {total.policy} over the trace: {total.goodput_rps:.3f} req/s")
     if result.verdict:
         print(
             f"gate claim holds: {'yes' if result.verdict.holds else 'no'}"
@@ -269,7 +322,26 @@ def _bench_settings(args: argparse.Namespace):
         policies=args.policies,
         seed=args.seed,
         out=args.out,
+        simulate_device=args.simulate_device,
+        simulate_time_scale=args.simulate_time_scale or 1.0,
+        simulate_extra_context=args.simulate_extra_context or 0,
+        trace=_trace_settings(args),
     )
+
+
+def _trace_settings(args: argparse.Namespace) -> TraceSettings | None:
+    """The trace is read here, so that a malformed one is refused before anything runs."""
+    from spectune.engine.bench.trace import TraceSettings, load_trace
+
+    flags = ("trace_speed", "trace_scale", "trace_max_len")  # TraceSettings' fields, prefixed
+    given = {f.removeprefix("trace_"): v for f in flags if (v := getattr(args, f)) is not None}
+    if args.trace is None:
+        if given:
+            raise ValueError(f"--trace-{next(iter(given)).replace('_', '-')} needs --trace")
+        return None
+    if args.rate or args.concurrency:
+        raise ValueError("--trace replaces load levels: no --rate or --concurrency with it")
+    return TraceSettings(load_trace(args.trace), **given)
 
 
 def _bench_draft(args: argparse.Namespace) -> str | None:

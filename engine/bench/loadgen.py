@@ -8,11 +8,12 @@ in-process engine. Every request is timed from the client's side the same way
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from spectune.engine.bench.schema import Latency, LevelResult, Slo
 from spectune.engine.bench.workload import RequestSpec
@@ -80,6 +81,8 @@ NO_COUNTERS = Counters({}, 0, 0, 0, 0.0)
 class Client(Protocol):
     """A target the load generator can drive and, for the policy sweep, reconfigure."""
 
+    max_model_len: int | None  # context + output tokens it takes, when known
+
     def stream(self, spec: RequestSpec) -> AsyncIterator[Output | Finished]:
         """Output per streamed chunk, then Finished; raises RequestFailed."""
         ...
@@ -87,6 +90,11 @@ class Client(Protocol):
     async def set_threshold(self, threshold: int | None) -> None: ...
 
     async def counters(self) -> Counters | None: ...
+
+    async def threshold(self) -> int | None:
+        """The threshold in force (None: always speculate), for a replay's report; raises
+        BenchError when the target does not say."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -210,16 +218,31 @@ async def _open(
     rng: random.Random | None,
     one: Callable[[RequestSpec], Awaitable[None]],
 ) -> None:
-    """Exponential gaps between arrivals; a request is sent on time whatever is in flight."""
+    """Exponential gaps between arrivals."""
     rng = rng or random.Random(0)
+    times = itertools.accumulate(rng.expovariate(rate) for _ in range(total))
+    start = clock()
+    await send_at(((start + t, next(specs)) for t in times), deadline, clock, sleep, one)
+
+
+T = TypeVar("T")
+
+
+async def send_at(
+    arrivals: Iterable[tuple[float, T]],
+    deadline: float,
+    clock: Clock,
+    sleep: Sleep,
+    one: Callable[[T], Awaitable[None]],
+) -> None:
+    """Open loop: each request is sent at its time on `clock` whatever is in flight, so a
+    slow server never slows the arrivals; none is sent after `deadline`."""
     tasks = []
-    arrival = clock()
-    for _ in range(total):
-        arrival += rng.expovariate(rate)
-        if arrival > deadline:
+    for at, request in arrivals:
+        if at > deadline:
             break
-        await sleep(max(0.0, arrival - clock()))
-        tasks.append(asyncio.create_task(one(next(specs))))
+        await sleep(max(0.0, at - clock()))
+        tasks.append(asyncio.create_task(one(request)))
     await asyncio.gather(*tasks)
 
 

@@ -15,8 +15,10 @@ from spectune.engine.bench.schema import (
     Latency,
     LoadSweep,
     Roofline,
+    TraceReplay,
     Verdict,
 )
+from spectune.engine.bench.trace import describe_replay
 
 POLICY_ORDER = ("never", "always", "gated", "current")
 
@@ -31,6 +33,8 @@ def write_report(result: BenchResult, out: Path) -> list[Path]:
         paths.append(plot_speedup(result, out / "speedup.png"))
     if result.load_sweep and result.load_sweep.levels:
         paths.append(plot_goodput(result.load_sweep, out / "goodput.png"))
+    if result.trace and result.trace.runs:
+        paths.append(plot_trace(result.trace, out / "trace.png"))
     return paths
 
 
@@ -66,6 +70,8 @@ def markdown(r: BenchResult) -> str:
         parts.append(_load_section(r.load_sweep, r.crossover_agreement_buckets))
     if r.verdict:
         parts.append(_verdict_section(r.verdict))
+    if r.trace:
+        parts.append(_trace_section(r.trace))
     return "\n\n".join(parts) + "\n"
 
 
@@ -215,6 +221,64 @@ def _verdict_section(v: Verdict) -> str:
     )
 
 
+def _thresholds(values: list[int | None]) -> str:
+    """null is no threshold: speculation always on."""
+    return " -> ".join("none" if t is None else str(t) for t in values) or "-"
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{seconds % 60:04.1f}"
+
+
+def _trace_section(t: TraceReplay) -> str:
+    text = [
+        "## Trace replay",
+        f"{describe_replay(t)}. Open loop: every request is sent at its trace time / "
+        f"{t.speed:g} whatever is in flight. SLO: TTFT <= {t.slo.ttft_ms} ms and TPOT <= "
+        f"{t.slo.tpot_ms} ms. Windows of {t.window_s:g} s of trace time "
+        f"({t.window_s / t.speed:g} s of replay); a request counts in the window it was due "
+        "in; the running batch is the target's own mean per decode iteration; thresholds "
+        "are read at each window's start and end (none: always speculate).",
+    ]
+    totals = [
+        [
+            v.policy + ("" if v.policy != "gated" else f" ({v.threshold})"),
+            f"{v.goodput_rps:.3f}",
+            f"{v.output_tokens_per_s:.0f}",
+            _lat(v.ttft_ms),
+            _lat(v.tpot_ms),
+            _num(v.acceptance),
+            _num(v.mean_batch, ".1f"),
+            f"{v.ok}/{v.requests}",
+            f"{run.max_late_ms:.1f}",
+        ]
+        for run in t.runs
+        for v in [run.total]
+    ]
+    header = ["policy", "goodput req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms"]
+    header += ["acceptance", "mean batch", "ok/sent", "latest send ms late"]
+    text.append(_table(header, totals))
+    for run in t.runs:
+        rows = [
+            [
+                _clock(w.start_s),
+                str(w.arrivals),
+                f"{w.arrivals / w.seconds:.2f}",
+                _num(w.mean_batch, ".1f"),
+                _thresholds(w.thresholds),
+                f"{w.goodput_rps:.3f}",
+                _lat(w.ttft_ms),
+                _lat(w.tpot_ms),
+                f"{w.ok}/{w.arrivals}",
+            ]
+            for w in run.windows
+        ]
+        header = ["trace time", "arrivals", "req/s", "mean batch", "threshold"]
+        header += ["goodput req/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "ok/sent"]
+        text += [f"### {run.total.policy}, per window", _table(header, rows)]
+    return "\n\n".join(text)
+
+
 # --- plots ---------------------------------------------------------------------------
 
 
@@ -286,3 +350,37 @@ def _save(fig, path: Path) -> Path:
 
     plt.close(fig)
     return path
+
+
+def plot_trace(t: TraceReplay, path: Path) -> Path:
+    """Over trace time: the offered rate, the running batch with the threshold, goodput
+    and TPOT p99, one line per policy."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
+    rate, batch, goodput, tpot = axes
+    first = t.runs[0].windows
+    starts = [w.start_s / 60 for w in first]
+    width = t.window_s / 60
+    rate.bar(starts, [w.arrivals / w.seconds for w in first], width=width, align="edge")
+    rate.set_ylabel("arrivals (req/s)")
+    for run in t.runs:
+        mid = [(w.start_s + t.window_s / 2) / 60 for w in run.windows]
+        label = run.total.policy
+        line = batch.plot(mid, [w.mean_batch for w in run.windows], "o-", label=label)
+        limits = [
+            (m, w.thresholds[-1])
+            for m, w in zip(mid, run.windows, strict=True)
+            if w.thresholds and w.thresholds[-1] is not None
+        ]
+        if limits:
+            batch.step(*zip(*limits, strict=True), ":", where="mid", color=line[0].get_color())
+        goodput.plot(mid, [w.goodput_rps for w in run.windows], "o-", label=label)
+        tpot.plot(mid, [w.tpot_ms.p99 for w in run.windows], "o-", label=label)
+    batch.set_ylabel("running batch\n(dotted: threshold)")
+    goodput.set_ylabel("goodput (req/s)")
+    tpot.set_ylabel("TPOT p99 (ms)")
+    tpot.axhline(t.slo.tpot_ms, color="grey", linewidth=1)
+    tpot.set_xlabel("trace time (min)")
+    batch.legend()
+    rate.set_title(f"trace {t.source} at {t.speed:g}x, lengths x{t.scale:g}")
+    return _save(fig, path)

@@ -53,6 +53,7 @@ from spectune.engine.bench.schema import (
     Verdict,
 )
 from spectune.engine.bench.targets import EngineTarget, HttpTarget
+from spectune.engine.bench.trace import TraceSettings, replay_policies
 from spectune.engine.bench.workload import (
     BenchError,
     Prompt,
@@ -75,6 +76,7 @@ from spectune.engine.crossover import (
     merge,
     speedup_curve,
 )
+from spectune.engine.device_time import sku_named
 from spectune.engine.engine import LLMEngine
 from spectune.engine.torch_thread import on_torch_thread
 from spectune.engine.zoo.registry import resolve_model
@@ -111,6 +113,10 @@ class BenchSettings:
     policies: tuple[str, ...] = ("never", "always", "gated")
     seed: int = 0
     out: Path = Path("bench-report")
+    simulate_device: str | None = None  # a GPU SKU: real tokens, its modelled clock
+    simulate_time_scale: float = 1.0
+    simulate_extra_context: int = 0
+    trace: TraceSettings | None = None  # replayed under each policy instead of load levels
 
     def requests_at(self, load: float) -> int:
         if self.requests:
@@ -142,9 +148,28 @@ def check(settings: BenchSettings) -> None:
         )
     if "current" in s.policies and len(s.policies) > 1:
         raise BenchError("policy 'current' (the server as configured) runs alone")
+    if s.trace and (s.rounds != 1 or s.prompts_file):
+        raise BenchError(
+            "--trace replays the recorded lengths once per policy: no --rounds, --prompts"
+        )
+    if s.trace and s.sweep == "load" and "gated" in s.policies and s.threshold is None:
+        raise BenchError(
+            "gating a trace replay needs --threshold or the batch sweep (--sweep both)"
+        )
     gated_unmeasured = s.sweep == "load" and "gated" in s.policies and s.threshold is None
     if gated_unmeasured and not {"never", "always"} <= set(s.policies):
         raise BenchError("gating needs --threshold, or policies never and always to measure it")
+    if s.simulate_device and s.url:
+        raise BenchError(
+            "--simulate-device needs the in-process engine (a server simulates its own)"
+        )
+    if s.simulate_device:
+        try:
+            sku_named(s.simulate_device)
+        except ValueError as err:
+            raise BenchError(str(err)) from None
+    if not s.simulate_time_scale > 0:
+        raise BenchError(f"--simulate-time-scale must be > 0, got {s.simulate_time_scale:g}")
 
 
 @dataclass
@@ -195,6 +220,9 @@ def run(
 
 def _start(settings: BenchSettings, command: str, started: datetime) -> BenchResult:
     device = "remote" if settings.url else (settings.device or default_device())
+    if settings.simulate_device and not settings.url:
+        sku = sku_named(settings.simulate_device)
+        device = f"{sku.product} (simulated, time x{settings.simulate_time_scale:g}) on {device}"
     method = (
         settings.method if settings.method != "auto" else ("draft" if settings.draft else "none")
     )
@@ -247,6 +275,9 @@ def _engine(s: BenchSettings, make: Callable[[EngineConfig], LLMEngine] | None) 
             kv_cache_bytes=s.kv_cache_bytes,
             device=s.device,
             seed=s.seed,
+            simulate_device=s.simulate_device,
+            simulate_time_scale=s.simulate_time_scale,
+            simulate_extra_context=s.simulate_extra_context,
         )
     )
 
@@ -262,15 +293,22 @@ async def _batch_phase(state: _Run, target: EngineTarget) -> None:
     state.log(f"batch sweep: {engine.config.model} + {speculator}, k={engine.k}")
     sizes = sweep(engine, ids, s.batch)
     timed = []
-    while batch := await target.loop.call(lambda: next(sizes, None)):
-        timed += batch
-        result = _batch_result(timed, s.batch, ids)
-        state.update(batch_sweep=result)
-        state.log(_point_line(result.points[-1]))
+    if engine.simulation:  # the sweep reads the modelled clock; nobody waits on the wall one
+        engine.simulation.hold = False
+    try:
+        while batch := await target.loop.call(lambda: next(sizes, None)):
+            timed += batch
+            result = _batch_result(timed, s.batch, ids)
+            state.update(batch_sweep=result)
+            state.log(_point_line(result.points[-1]))
+    finally:
+        if engine.simulation:
+            engine.simulation.hold = True
     sweep_result = state.result.batch_sweep
     assert sweep_result is not None
     state.log(f"crossover: {describe_crossover(sweep_result.crossover)}")
-    await _roofline(state, target, aggregate_median(timed))
+    if not engine.simulation:  # this machine's memory bound says nothing of a simulated GPU
+        await _roofline(state, target, aggregate_median(timed))
 
 
 def _batch_result(timed: list, settings: SweepSettings, ids: list[list[int]]) -> BatchSweep:
@@ -307,6 +345,17 @@ async def _roofline(state: _Run, target: EngineTarget, stats: StatsByBucket) -> 
 async def _load_phase(state: _Run, target: Client) -> None:
     s = state.settings
     threshold, source = _known_threshold(state)
+    if s.trace:
+        policies = [
+            (p, threshold if p == "gated" else POLICY_THRESHOLDS.get(p)) for p in s.policies
+        ]
+        bounds = Bounds(
+            s.requests or len(s.trace.trace.requests), s.duration_s, s.request_timeout_s
+        )
+        await replay_policies(
+            target, s.trace, policies, bounds, s.slo, state.log, lambda r: state.update(trace=r)
+        )
+        return
     state.update(load_sweep=_load_result(state, [], threshold, source))
     measure_first = "gated" in s.policies and source == "none"
     first = [p for p in s.policies if not (measure_first and p == "gated")]

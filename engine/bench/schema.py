@@ -152,6 +152,52 @@ class Roofline(Strict):
     ratio: float = Field(description="plain_step_ms / roofline_ms")
 
 
+class TraceWindow(Strict):
+    """One window of a trace replay; requests belong to the window they were due in."""
+
+    start_s: float = Field(description="trace time at its start, s after the first request")
+    seconds: float = Field(description="wall-clock length of the window in the replay")
+    arrivals: int
+    ok: int
+    slo_met: int
+    goodput_rps: float = Field(description="requests/s (wall clock) that met both SLO targets")
+    mean_batch: float | None = Field(description="mean running batch per decode iteration")
+    thresholds: list[int | None] = Field(
+        description="thresholds in force at the window's start and end when they differ "
+        "(null: always speculate); empty when the target does not report it"
+    )
+    ttft_ms: Latency
+    tpot_ms: Latency
+
+
+class TraceRun(Strict):
+    """The replay under one policy."""
+
+    total: LevelResult = Field(description="the whole replay; load = offered requests/s")
+    windows: list[TraceWindow]
+    max_late_ms: float = Field(description="latest send behind its scheduled time")
+
+
+class TraceReplay(Strict):
+    source: str
+    trace_requests: int = Field(description="requests in the file")
+    requests: int = Field(description="requests replayed (the slice within the bounds)")
+    stopped_by: Literal["end", "requests", "duration"] = Field(
+        description="what ended the slice: the trace's end, --requests or --duration-s"
+    )
+    trace_seconds: float = Field(description="trace time the slice covers")
+    speed: float = Field(description="trace time / wall-clock time")
+    scale: float = Field(description="factor on context and output lengths before clipping")
+    max_model_len: int = Field(description="context + output never exceed this")
+    clipped_context: int = Field(description="requests whose context was cut to fit")
+    clipped_output: int = Field(description="requests whose output was cut to fit")
+    prompt_tokens_mean: float = Field(description="after scaling and clipping")
+    output_tokens_mean: float = Field(description="after scaling and clipping")
+    window_s: float = Field(description="trace seconds per window")
+    slo: Slo
+    runs: list[TraceRun]
+
+
 class BenchResult(Strict):
     schema_version: int = SCHEMA_VERSION
     status: Literal["complete", "incomplete"]
@@ -167,3 +213,4 @@ class BenchResult(Strict):
     )
     verdict: Verdict | None = None
     roofline: Roofline | None = None
+    trace: TraceReplay | None = Field(None, description="the load phase as a trace replay")

@@ -114,6 +114,13 @@ class EngineTarget:
         settings = self.loop.speculation.model_copy(update={"threshold": threshold})
         await self.loop.set_speculation(settings)
 
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    async def threshold(self) -> int | None:
+        return self.loop.speculation.threshold
+
     async def counters(self) -> Counters:
         iterations = await self.loop.call(self._take_iterations)
         self._totals = self._totals + counters_of(iterations)
@@ -142,6 +149,7 @@ class HttpTarget:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )
         self._restore: dict[str, Any] | None = None
+        self.max_model_len: int | None = None  # when /v1/models says (vLLM does)
 
     async def __aenter__(self) -> HttpTarget:
         models = await self._get_json("/v1/models")
@@ -152,6 +160,11 @@ class HttpTarget:
                 raise BenchError(
                     f"{self.url}/v1/models lists no model; pass --served-model"
                 ) from None
+        cards = models.get("data") if isinstance(models, dict) else None
+        for card in cards if isinstance(cards, list) else []:
+            if isinstance(card, dict) and card.get("id") == self.model:
+                limit = card.get("max_model_len")
+                self.max_model_len = limit if isinstance(limit, int) and limit > 0 else None
         return self
 
     async def describe(self) -> Target:
@@ -208,6 +221,13 @@ class HttpTarget:
         if self._restore is None:
             self._restore = await self._get_json("/admin/speculation")
         await self._put_speculation({"threshold": threshold})
+
+    async def threshold(self) -> int | None:
+        state = await self._get_json("/admin/speculation")
+        threshold = state.get("threshold", "") if isinstance(state, dict) else ""
+        if threshold is not None and not isinstance(threshold, int):
+            raise BenchError(f"{self.url}/admin/speculation reports no threshold")
+        return threshold
 
     async def _put_speculation(self, body: dict[str, Any]) -> None:
         if not self.admin_token:

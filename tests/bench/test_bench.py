@@ -115,6 +115,12 @@ def test_bad_batch_sizes_are_one_readable_line(tmp_path: Path, capsys) -> None:
         (["--policies", "never,sometimes"], "policies are never, always, gated or current"),
         (["--concurrency", "0"], "whole numbers >= 1"),
         (["--output-tokens", "lots"], "output lengths 'lots'"),
+        (["--simulate-device", "B200"], "unknown GPU SKU 'B200'; simulated SKUs: H100"),
+        (["--simulate-device", "H100", "--simulate-time-scale", "-1"], "must be > 0"),
+        (
+            ["--simulate-device", "L4", "--url", "http://127.0.0.1:9", "--policies", "current"],
+            "--simulate-device needs the in-process engine",
+        ),
     ],
 )
 def test_settings_that_cannot_work(tmp_path: Path, capsys, args: list[str], says: str) -> None:

@@ -96,3 +96,18 @@ def test_an_empty_prompt_file(tmp_path: Path, capsys) -> None:
     empty.write_text("")
     assert bench(tmp_path / "out", "--prompts", str(empty)) == 2
     assert "holds no prompts" in error_line(capsys)
+
+
+def test_a_trace_replay_against_a_url(served: Served, tmp_path: Path, capsys) -> None:
+    """The server does not report its context length, so the replay asks for it; given
+    it, every window shows the threshold the server runs, read through its admin API."""
+    args = ("--url", served.url, "--policies", "current", "--trace", "azure-conv",
+            "--trace-speed", "20", "--trace-scale", "0.05", "--requests", "8")  # fmt: skip
+    assert bench(tmp_path / "a", *args) == 2
+    assert "pass --trace-max-len" in error_line(capsys)
+    assert bench(tmp_path / "b", *args, "--trace-max-len", "256") == 0
+    trace = result(tmp_path / "b").trace
+    (run,) = trace.runs
+    assert (trace.max_model_len, run.total.policy, run.total.ok) == (256, "current", 8)
+    assert {tuple(w.thresholds) for w in run.windows} == {(6,)}
+    assert run.total.mean_batch is not None  # from /metrics
