@@ -86,6 +86,11 @@ class SimulatedDevice:
         elif real < modelled:
             time.sleep(modelled - real)
 
+    def forget_overruns(self) -> None:
+        """Start counting afresh (after a warm-up, whose first forwards run cold by design)."""
+        self.overruns = 0
+        self._last_log = -OVERRUN_LOG_INTERVAL_S
+
     def _overrun(self, real: float, modelled: float) -> None:
         self.overruns += 1
         now = time.monotonic()

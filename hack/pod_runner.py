@@ -19,6 +19,7 @@ real engines at the pods' IPs exactly as they would in a cluster:
 - with --simulate-gpus (or SPECTUNE_SIMULATE_GPUS=1 in its environment), every engine runs on
   a simulated GPU: the SKU of its node's `nvidia.com/gpu.product` label, as a GPU driver makes
   the node's device visible (engine/simulated_device.py), slowed by --simulate-time-scale;
+  a pod annotated `spectune.io/simulate-gpu: "true"` is simulated so even without the flag;
   a pod's own SPECTUNE_SIMULATE_* env wins, and a node without the label runs it on the CPU;
 - the pod is Ready only while its engine answers GET /readyz with 200, as a kubelet's readiness
   probe would have it (kwok leaves pods unready): the runner writes the pod's Ready and
@@ -57,6 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SELECTOR = "app.kubernetes.io/name=spectune-engine"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 STRIPPED_FLAGS = ("--host", "--port")
+SIMULATE_ANNOTATION = "spectune.io/simulate-gpu"
 FIELD_REFS = {
     "metadata.name": lambda pod: pod.metadata.name,
     "metadata.namespace": lambda pod: pod.metadata.namespace,
@@ -130,6 +132,12 @@ def simulated_env(product: str | None, time_scale: float) -> dict[str, str]:
     if not product:
         return {}
     return {"SPECTUNE_SIMULATE_DEVICE": product, "SPECTUNE_SIMULATE_TIME_SCALE": f"{time_scale:g}"}
+
+
+def wants_simulation(runner_mode: bool, annotations: dict[str, str] | None) -> bool:
+    """Simulated in the runner's simulated mode, or when the pod opts in by annotation (so one
+    test can have GPU-shaped timing on a cluster whose runner runs everything on the CPU)."""
+    return runner_mode or (annotations or {}).get(SIMULATE_ANNOTATION) == "true"
 
 
 def strip_flags(argv: list[str]) -> list[str]:
@@ -356,7 +364,7 @@ class Runner:
         return spec, files, container.name
 
     def gpu_env(self, pod: Any) -> dict[str, str]:
-        if not self.simulate or not pod.spec.node_name:
+        if not wants_simulation(self.simulate, pod.metadata.annotations) or not pod.spec.node_name:
             return {}
         labels = self.core.read_node(pod.spec.node_name).metadata.labels or {}
         return simulated_env(labels.get("nvidia.com/gpu.product"), self.time_scale)
@@ -548,8 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--simulate-time-scale",
         type=float,
-        default=float(os.environ.get("SPECTUNE_SIMULATE_TIME_SCALE", "8")),
-        help="simulated engines' clock runs this many times slower than the SKU (default 8)",
+        default=float(os.environ.get("SPECTUNE_SIMULATE_TIME_SCALE", "16")),
+        help="simulated engines' clock runs this many times slower than the SKU (default 16)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

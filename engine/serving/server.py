@@ -197,10 +197,13 @@ class Server:
     async def startup(self) -> None:
         config = self.engine_config()
         engine = await on_torch_thread(lambda: LLMEngine(config, resolve_model=resolve_model))
-        warm_up = SamplingParams(max_tokens=4, ignore_eos=True)
-        await on_torch_thread(lambda: engine.generate(["warm up"], warm_up))
-        if engine.simulation:  # the warm-up's first forwards run cold by design
-            engine.simulation.overruns = 0
+        # A few sequences of different lengths, so that the first requests do not pay for
+        # the first batched prefill and decode shapes (a simulated SKU would count overruns).
+        warm_up = SamplingParams(max_tokens=8, ignore_eos=True)
+        prompts = ["warm up", "def main():\n    return 0", "import os", "x" * 40]
+        await on_torch_thread(lambda: engine.generate(prompts, warm_up))
+        if engine.simulation:
+            engine.simulation.forget_overruns()
         device = engine.device_label
         metrics = EngineMetrics(
             {

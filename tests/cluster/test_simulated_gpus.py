@@ -30,7 +30,7 @@ from tests.server.metrics_text import parse
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 PORT = 8200
-TIME_SCALE = 8  # the e2e and demo scale: batch-1 steps take 48 ms on the H100, 103 A100, 534 L4
+TIME_SCALE = 16  # the e2e scale: batch-1 steps take 96 ms on the H100, 206 A100, 1067 L4
 SELECTOR = "spectune-test=simulated-gpus"
 NODES = {
     "NVIDIA-H100-80GB-HBM3": ("gpu-h100-0", 6.0e-3),  # (node, a batch-1 plain step's seconds)
@@ -99,7 +99,7 @@ def is_ready(pod: Any) -> bool:
 
 
 def complete(base: str, n: int) -> None:
-    body = {"model": "tiny-target", "prompt": "def main():", "max_tokens": 24, "ignore_eos": True}
+    body = {"model": "tiny-target", "prompt": "def main():", "max_tokens": 16, "ignore_eos": True}
     for _ in range(n):
         request = urllib.request.Request(
             f"{base}/v1/completions",
@@ -118,7 +118,7 @@ def metrics(base: str) -> list[tuple[str, dict[str, str], float]]:
 def test_each_engine_runs_on_its_nodes_sku_without_overruns(simulated: dict[str, str]) -> None:
     # Three clients per engine, all three engines at once: the load the e2e tests put on them.
     clients = [
-        threading.Thread(target=complete, args=(base, 4))
+        threading.Thread(target=complete, args=(base, 3))
         for base in simulated.values()
         for _ in range(3)
     ]
