@@ -140,3 +140,20 @@ def test_policy_order_is_balanced_over_rounds() -> None:
     assert len(set(follows)) == 6
     assert turn_order(policies, 6) == orders[0]
     assert turn_order(["current"], 3) == ["current"]
+
+
+def test_the_load_sweep_on_a_simulated_sku_runs_at_its_speed(tiny_pair, tmp_path: Path) -> None:
+    """Clients see the SKU's latencies: an L4 step of the virtual 8B model takes 67 ms, so a
+    request's time per output token cannot be less, and the report says it is simulated."""
+    out = tmp_path / "report"
+    code = main(
+        ["bench", "--model", str(tiny_pair[0]), "--method", "ngram", "--sweep", "load",
+         "--threshold", "4", "--simulate-device", "L4", "--concurrency", "2", "--requests", "4",
+         "--output-tokens", "8", "--policies", "never,always", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    result = read_result(out)
+    assert result.machine.device.startswith("NVIDIA-L4 (simulated, time x1) on ")
+    never = next(v for v in result.load_sweep.levels if v.policy == "never")
+    assert never.ok == 4
+    assert never.tpot_ms.p50 >= 66.0, never.tpot_ms
