@@ -37,11 +37,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep going, remember
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
-step cuda-tests 120 "$py" -m pytest -q -m gpu tests/engine/test_cuda.py -p no:cacheprovider
+step cuda-tests 150 "$py" -m pytest -q tests/engine/test_cuda.py tests/engine/test_simulated_device.py -p no:cacheprovider
 step roofline 150 "$py" benchmarks/roofline_check.py --sku H200 --json "$out/roofline.json"
-step engine-bench 120 "$py" benchmarks/engine_bench.py --device cuda --size tiny --repeats 3
+step engine-bench 100 "$py" benchmarks/engine_bench.py --device cuda --size tiny --repeats 3
 for method in draft ngram; do
-  step "sweep-$method" 75 "$py" -m spectune.engine.cli bench --device cuda --sweep batch \
+  step "sweep-$method" 60 "$py" -m spectune.engine.cli bench --device cuda --sweep batch \
     --method "$method" --batch-sizes 1,2,4,8,16,32,64,128,256 --stop-after 0 --out "/tmp/sweep-$method"
   cp "/tmp/sweep-$method/bench.json" "$out/sweep-$method.json"
 done

@@ -85,7 +85,7 @@ def test_an_iteration_slower_than_its_model_is_an_overrun_and_logged(tiny_pair, 
 
 
 def test_the_device_label_names_the_sku(tiny_pair) -> None:
-    assert engine(tiny_pair, "ngram").device_label == "cpu"
+    assert engine(tiny_pair, "ngram", device="cpu").device_label == "cpu"
     label = engine(tiny_pair, "ngram", simulate_device="nvidia-a100-sxm4-40gb").device_label
     assert label == "NVIDIA-A100-SXM4-40GB"
 
