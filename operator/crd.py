@@ -64,8 +64,14 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             name: structural(child, defs) for name, child in out["properties"].items()
         }
         for name, child in out["properties"].items():
-            # An optional section defaults to {} so the API server fills in its defaults.
-            if name not in required and child.get("type") == "object" and "properties" in child:
+            # An optional section defaults to {} so the API server fills in its defaults; one
+            # with required fields cannot (and must stay absent until it is written whole).
+            if (
+                name not in required
+                and child.get("type") == "object"
+                and "properties" in child
+                and not child.get("required")
+            ):
                 child.setdefault("default", {})
     if out.get("additionalProperties") is False:
         del out["additionalProperties"]  # structural schemas prune unknown fields instead

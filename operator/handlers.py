@@ -7,24 +7,38 @@ so a child edited or deleted by hand is repaired at the next resync.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
 import kopf
 
-from spectune.operator import kube, logs, render
+from spectune.operator import autotune, engines, kube, logs, render
 from spectune.operator.models import (
     GROUP,
     PLURAL,
     VERSION,
     SpecDeploymentSpec,
-    ThresholdStatus,
+    SpecDeploymentStatus,
     parse_spec,
 )
-from spectune.operator.status import rollout_conditions, threshold_status, unready_pods
+from spectune.operator.prometheus import (
+    FleetWindow,
+    PrometheusReader,
+    PrometheusUnavailable,
+    Selector,
+)
+from spectune.operator.status import (
+    condition,
+    prometheus_down,
+    rollout_conditions,
+    threshold_status,
+    unready_pods,
+)
 
 RESYNC_SECONDS = 10.0
 ANNOTATION_PREFIX = "spectune.io"
@@ -50,10 +64,13 @@ def reporting_instance() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+log = logging.getLogger(__name__)
+
+
 def children(
-    name: str, namespace: str, spec: SpecDeploymentSpec, threshold: int | None
+    name: str, namespace: str, spec: SpecDeploymentSpec, threshold: int | None, exploration: int
 ) -> list[dict]:
-    config = render.engine_config(spec, threshold, spec.tuning.explorationPercent)
+    config = render.engine_config(spec, threshold, exploration)
     objs = [
         render.config_map(name, namespace, config),
         render.deployment(name, namespace, spec, config),
@@ -76,6 +93,60 @@ def _apply_child(body: kopf.Body, child: dict) -> dict:
     return live
 
 
+@cache
+def prometheus(url: str) -> PrometheusReader:
+    return PrometheusReader(url)
+
+
+def observe(
+    memo: kopf.Memo,
+    name: str,
+    namespace: str,
+    spec: SpecDeploymentSpec,
+    state: autotune.State,
+    pods: list[dict],
+    now: datetime,
+) -> autotune.Observation:
+    """Read this SpecDeployment's engines from Prometheus (blocking: a sync handler)."""
+    unready = unready_pods(pods)
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    ready = len(live) - len(unready)
+    settled = ready == spec.replicas == len(live)
+    seconds = autotune.window_seconds(spec, state.calibration, now)
+    try:
+        window = prometheus(memo.prometheus_url).read(Selector(namespace, name), seconds)
+    except PrometheusUnavailable as err:
+        return autotune.Observation(now, ready, settled, None, error=str(err))
+    if state.calibration.phase == "Idle":
+        memo.traffic = autotune.record_window(memo.get("traffic", []), now, window.traffic)
+    return autotune.Observation(now, ready, settled, window, memo.get("traffic", []))
+
+
+def push(
+    name: str,
+    namespace: str,
+    spec: SpecDeploymentSpec,
+    state: autotune.State,
+    pods: list[dict],
+    window: FleetWindow | None,
+) -> None:
+    """Every ready engine to its SKU's threshold and the phase's exploration (admin API)."""
+    token = kube.secret_value(namespace, render.child_names(name)["token"], render.TOKEN_KEY)
+    unready = {u.split(":", 1)[0] for u in unready_pods(pods)}
+    for pod in pods:
+        pod_name, ip = pod["metadata"]["name"], (pod.get("status") or {}).get("podIP")
+        if pod_name in unready or not ip or pod["metadata"].get("deletionTimestamp"):
+            continue
+        info = window.engines.get(pod_name) if window else None
+        threshold, percent = autotune.engine_settings(spec, state, info.device if info else None)
+        url = f"http://{ip}:{spec.engine.port}"
+        error = engines.sync(engines.Target(pod_name, url, threshold, percent / 100), token)
+        if error:
+            log.warning(
+                "%s/%s: admin API: %s (the ConfigMap still carries it)", namespace, name, error
+            )
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -87,11 +158,16 @@ def reconcile(
     namespace: str,
     status: kopf.Status,
     patch: kopf.Patch,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     desired = parse_spec(dict(spec))
-    threshold = threshold_status(
-        desired, ThresholdStatus.model_validate(dict(status.get("threshold") or {}))
+    saved = SpecDeploymentStatus.model_validate(dict(status))
+    state = autotune.State(
+        threshold=threshold_status(desired, saved.threshold),
+        crossover=saved.crossover,
+        per_sku=tuple(saved.perSku),
+        calibration=saved.calibration,
     )
     token = render.token_secret(name, namespace, secrets.token_urlsafe(32))
     kopf.adopt(token, owner=body)
@@ -101,23 +177,41 @@ def reconcile(
             reason="Created",
             message=f"created Secret {token['metadata']['name']} (admin token)",
         )
+    now = datetime.now(UTC).replace(microsecond=0)
+    pods = kube.list_pods(namespace, render.selector_string(name))
+    observation = None
+    if desired.speculation.threshold.mode != "Manual" or state.calibration.phase != "Idle":
+        observation = observe(memo, name, namespace, desired, state, pods, now)
+        tuned = autotune.step(desired, state, observation)
+        state = tuned.state
+        for event in tuned.events:
+            post = kopf.warn if event.warning else kopf.info
+            post(body, reason=event.reason, message=event.message)
     live = {
         c["kind"]: _apply_child(body, c)
-        for c in children(name, namespace, desired, threshold.current)
+        for c in children(name, namespace, desired, *autotune.engine_settings(desired, state, None))
     }
+    if desired.speculation.threshold.mode != "Manual":
+        push(name, namespace, desired, state, pods, observation and observation.window)
     rollout = live["Deployment"].get("status") or {}
-    now = datetime.now(UTC).replace(microsecond=0)
-    unready = unready_pods(kube.list_pods(namespace, render.selector_string(name)))
-    conditions = rollout_conditions(
-        desired.replicas, rollout, unready, list(status.get("conditions") or []), now
-    )
+    unready = unready_pods(pods)
+    previous = list(status.get("conditions") or [])
+    conditions = rollout_conditions(desired.replicas, rollout, unready, previous, now)
+    conditions.append(condition("Calibrated", *autotune.calibrated(desired, state), now, previous))
+    if observation is not None and observation.error:
+        conditions = prometheus_down(conditions, observation.error, now, previous)
     patch.status.update(
         {
             "observedGeneration": body.metadata.get("generation"),
             "replicas": rollout.get("replicas") or 0,
             "readyReplicas": rollout.get("readyReplicas") or 0,
             "selector": render.selector_string(name),
-            "threshold": threshold.model_dump(),
+            "threshold": state.threshold.model_dump(),
+            # None deletes a field in a merge patch: a crossover no longer crossed loses its
+            # batch size (nulls inside lists would not validate, so theirs are left out)
+            "crossover": state.crossover.model_dump(),
+            "perSku": [s.model_dump(exclude_none=True) for s in state.per_sku],
+            "calibration": state.calibration.model_dump(exclude_none=True),
             "conditions": [c.model_dump(mode="json", exclude_none=True) for c in conditions],
         }
     )

@@ -3,6 +3,7 @@ manager, so re-applying is idempotent and undoes hand edits of the fields we own
 
 from __future__ import annotations
 
+import base64
 import os
 import tempfile
 from functools import cache
@@ -82,3 +83,10 @@ def api_available(api_version: str, kind: str) -> bool:
     except ResourceNotFoundError:
         return False
     return True
+
+
+def secret_value(namespace: str, name: str, key: str) -> str:
+    """One key of a Secret, decoded (the engines' admin token: never log it)."""
+    secrets = dynamic().resources.get(api_version="v1", kind="Secret")
+    data = secrets.get(name=name, namespace=namespace).to_dict().get("data") or {}
+    return base64.b64decode(data[key]).decode()

@@ -56,6 +56,9 @@ class EngineSpec(Spec):
     nodeSelector: dict[str, str] = Field(default_factory=dict)
     maxBatchSize: int = Field(64, ge=1, le=4096)
     port: int = Field(8000, ge=1, le=65535)
+    podAnnotations: dict[str, str] = Field(
+        default_factory=dict, description="annotations added to the engine pods"
+    )
 
 
 class ThresholdSpec(Spec):
@@ -171,6 +174,48 @@ class CrossoverStatus(BaseModel):
     replicas: int | None = None
 
 
+class SkuThreshold(BaseModel):
+    """One GPU SKU's measured crossover and the threshold its pods run."""
+
+    sku: str
+    threshold: int | None = Field(None, description="absent: always speculate")
+    batchSize: int | None = Field(None, description="crossover batch size; absent: not crossed")
+    reason: str = ""
+    confidencePercent: int = 0
+    pods: int = 0
+
+
+class Baseline(BaseModel):
+    """The fleet when the crossover was last measured: what the triggers compare with."""
+
+    replicas: int
+    skus: list[str] = Field(default_factory=list)
+    model: str
+    draft: str | None = None
+    method: str
+    k: int
+    measuredAt: str
+    traffic: dict[str, float] = Field(default_factory=dict)
+
+
+class CalibrationStatus(BaseModel):
+    """Calibration state: kept here, a restarted operator resumes it (no engine left exploring)."""
+
+    phase: Literal["Idle", "Exploring", "Verifying"] = "Idle"
+    trigger: str | None = Field(None, description="kind of the change that started it")
+    message: str | None = None
+    startedAt: str | None = None
+    changedAt: str | None = Field(None, description="when the threshold last changed")
+    finishedAt: str | None = Field(None, description="when the last calibration ended")
+    previous: list[SkuThreshold] = Field(
+        default_factory=list, description="thresholds before the last change (for roll back)"
+    )
+    before: dict[str, float] = Field(
+        default_factory=dict, description="traffic before the last change (goodput check)"
+    )
+    baseline: Baseline | None = None
+
+
 class SpecDeploymentStatus(BaseModel):
     observedGeneration: int | None = None
     replicas: int = 0
@@ -178,6 +223,8 @@ class SpecDeploymentStatus(BaseModel):
     selector: str = ""
     threshold: ThresholdStatus = Field(default_factory=ThresholdStatus)
     crossover: CrossoverStatus = Field(default_factory=CrossoverStatus)
+    perSku: list[SkuThreshold] = Field(default_factory=list)
+    calibration: CalibrationStatus = Field(default_factory=CalibrationStatus)
     goodput: str | None = Field(None, description="requests per second within the SLO, fleet-wide")
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -171,7 +171,7 @@ def deployment(
     }
     if spec.engine.nodeSelector:
         pod_spec["nodeSelector"] = dict(spec.engine.nodeSelector)
-    annotations = {
+    annotations = spec.engine.podAnnotations | {  # ours win: scraping and rollouts rely on them
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),
         "prometheus.io/path": "/metrics",

@@ -110,3 +110,17 @@ def rollout_conditions(
             previous,
         ),
     ]
+
+
+def prometheus_down(
+    conditions: list[Condition], error: str, now: datetime, previous: list[dict]
+) -> list[Condition]:
+    """Degraded while the autotuner cannot read Prometheus (the threshold is kept), unless the
+    rollout already says why it is degraded: that is the more urgent news."""
+    out = []
+    for c in conditions:
+        if c.type == "Degraded" and c.status == "False":
+            message = f"cannot read Prometheus, threshold kept: {error[:300]}"
+            c = condition("Degraded", True, "PrometheusUnavailable", message, now, previous)
+        out.append(c)
+    return out

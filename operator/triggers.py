@@ -18,7 +18,8 @@ from typing import Literal
 from spectune.engine.contract import BATCH_BUCKETS, batch_bucket
 from spectune.operator.models import SpecDeploymentSpec
 
-TriggerKind = Literal["Replicas", "Sku", "Traffic", "MaxAge", "Spec"]
+# Initial: nothing measured yet (a new SpecDeployment, or Manual switched to Auto).
+TriggerKind = Literal["Initial", "Replicas", "Sku", "Traffic", "MaxAge", "Spec"]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -100,6 +100,7 @@ def start_operator(
     rules: list[dict],
     priority: int = 100,
     log_level: str = "INFO",
+    extra: Sequence[str] = (),
 ) -> tuple[subprocess.Popen, Path]:
     name = f"spectune-operator-{uuid.uuid4().hex[:6]}"
     bind_operator(admin, name, rules)
@@ -119,6 +120,7 @@ def start_operator(
         f"http://127.0.0.1:{8000 + priority}/healthz",
         "--log-level",
         log_level,
+        *extra,
     ]
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT), log
 

@@ -118,3 +118,25 @@ def test_service_and_pod_monitor_select_the_engine_pods() -> None:
     assert render.selector_string("llm") == (
         "app.kubernetes.io/name=spectune-engine,app.kubernetes.io/instance=llm"
     )
+
+
+def test_pod_annotations_reach_the_pod_template_and_cannot_override_ours() -> None:
+    spec = SPEC.model_copy(
+        update={
+            "engine": SPEC.engine.model_copy(
+                update={
+                    "podAnnotations": {
+                        "spectune.io/simulate-gpu": "true",
+                        "prometheus.io/port": "1",
+                    }
+                }
+            )
+        }
+    )
+    config = render.engine_config(spec, 12, 2)
+    annotations = render.deployment("llm", "ns", spec, config)["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    assert annotations["spectune.io/simulate-gpu"] == "true"
+    assert annotations["prometheus.io/port"] == "8100"
+    assert annotations[render.CONFIG_HASH_ANNOTATION] == render.start_config_hash(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from spectune.operator.status import rollout_conditions, unready_pods
+from spectune.operator.status import prometheus_down, rollout_conditions, unready_pods
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -51,3 +51,15 @@ def test_ready_when_every_replica_is_ready_and_the_transition_time_holds() -> No
     later = datetime(2026, 1, 2, tzinfo=UTC)
     (again, *_) = rollout_conditions(2, rollout, [], [ready.model_dump()], later)
     assert again.lastTransitionTime == ready.lastTransitionTime
+
+
+def test_prometheus_down_degrades_unless_the_rollout_already_does() -> None:
+    rollout = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
+    down = prometheus_down(rollout_conditions(2, rollout, [], [], NOW), "refused", NOW, [])
+    degraded = next(c for c in down if c.type == "Degraded")
+    assert degraded.status == "True" and degraded.reason == "PrometheusUnavailable"
+    assert "refused" in degraded.message and "threshold kept" in degraded.message
+    failure = {"type": "ReplicaFailure", "status": "False", "reason": "FailedCreate"}
+    failing = rollout | {"conditions": [failure]}
+    (*_, rollout_says) = prometheus_down(rollout_conditions(2, failing, [], [], NOW), "x", NOW, [])
+    assert rollout_says.reason == "FailedCreate"

@@ -1,0 +1,363 @@
+"""Calibration as a pure state machine (DESIGN.md, "Re-measuring the crossover on live traffic").
+
+Idle -> Exploring (a trigger fired: the engines run the other mode more often) -> Verifying (Auto
+moved a threshold: goodput is compared before vs after) -> Idle. Each reconcile calls `step`
+with what it observed; the state lives in the SpecDeployment's status, so a restarted operator
+resumes where the last one stopped. What the engines should run (`engine_settings`) is derived
+from that state alone, so a restart never leaves an engine exploring. `now` is a parameter and
+nothing here does I/O: every decision is reproducible in a test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from spectune.operator.estimator import Estimate, estimate_by_sku, undersampled
+from spectune.operator.models import (
+    Baseline,
+    CalibrationStatus,
+    CrossoverStatus,
+    SkuThreshold,
+    SpecDeploymentSpec,
+    ThresholdStatus,
+)
+from spectune.operator.prometheus import FleetWindow
+from spectune.operator.triggers import (
+    Reason,
+    SpecKey,
+    Traffic,
+    clamp,
+    compare_goodput,
+    damp,
+    replicas_changed,
+    skus_changed,
+    spec_changed,
+    too_old,
+    traffic_shifted,
+)
+
+# Exploration while calibrating: the mode the threshold hides gets a quarter of the iterations,
+# so a bucket collects its samples in about a tenth of the time the base 2-3% would take.
+CALIBRATION_EXPLORATION_PERCENT = 25
+# The shortest window worth reading: a few scrape intervals, or increase() has too few points.
+MIN_WINDOW_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the operator saw this time round."""
+
+    now: datetime
+    replicas: int  # ready engine pods
+    settled: bool  # every desired pod ready and up to date: no calibration mid-rollout
+    window: FleetWindow | None  # over `window_seconds(...)`; None: Prometheus unavailable
+    recent: Sequence[tuple[datetime, Traffic]] = ()  # (read at, window), oldest first
+    error: str | None = None  # why `window` is None
+
+
+@dataclass(frozen=True)
+class Event:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class State:
+    """The part of status the autotuner owns."""
+
+    threshold: ThresholdStatus
+    crossover: CrossoverStatus
+    per_sku: tuple[SkuThreshold, ...]
+    calibration: CalibrationStatus
+
+
+@dataclass(frozen=True)
+class Step:
+    state: State
+    events: tuple[Event, ...] = ()
+
+
+def _iso(t: datetime) -> str:
+    return t.isoformat()
+
+
+def _time(s: str) -> datetime:
+    return datetime.fromisoformat(s)
+
+
+def _traffic_dict(t: Traffic) -> dict[str, float]:
+    return {k: v for k, v in dataclasses.asdict(t).items() if v is not None}
+
+
+def _traffic(d: Mapping[str, float]) -> Traffic | None:
+    return Traffic(**d) if "seconds" in d else None
+
+
+def window_seconds(spec: SpecDeploymentSpec, cal: CalibrationStatus, now: datetime) -> int:
+    """The window to read: since the calibration started while exploring, since the change
+    while verifying (only what each phase caused counts), else one calibration window."""
+    since = {"Exploring": cal.startedAt, "Verifying": cal.changedAt}.get(cal.phase)
+    if since is None:
+        return spec.tuning.calibrationWindowSeconds
+    return max(MIN_WINDOW_SECONDS, int((now - _time(since)).total_seconds()))
+
+
+def thresholds_by_sku(state: State) -> dict[str, int | None]:
+    return {s.sku: s.threshold for s in state.per_sku}
+
+
+def engine_settings(
+    spec: SpecDeploymentSpec, state: State, sku: str | None
+) -> tuple[int | None, int]:
+    """(threshold, exploration percent) an engine on `sku` should run: its SKU's threshold when
+    one was measured, else the deployment's (what the ConfigMap carries: `sku` None); raised
+    exploration only while exploring."""
+    percent = (
+        CALIBRATION_EXPLORATION_PERCENT
+        if state.calibration.phase == "Exploring"
+        else spec.tuning.explorationPercent
+    )
+    by_sku = thresholds_by_sku(state)
+    threshold = by_sku.get(sku, state.threshold.current)
+    return threshold, percent
+
+
+def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) -> Reason | None:
+    """The first change since the last measurement, in order of how much it moves the curve.
+    Nothing fires within one calibration window of the last calibration: a retry backs off."""
+    if cal.finishedAt is not None and obs.now - _time(cal.finishedAt) < timedelta(
+        seconds=spec.tuning.calibrationWindowSeconds
+    ):
+        return None
+    base = cal.baseline
+    if base is None:
+        return Reason("Initial", "no crossover measured yet")
+    assert obs.window is not None
+    baseline_traffic = _traffic(base.traffic)
+    measured = _time(base.measuredAt)
+    # only windows wholly after the measurement: older ones saw the fleet it replaced
+    recent = [t for at, t in obs.recent if at - timedelta(seconds=t.seconds) >= measured]
+    return (
+        spec_changed(SpecKey(base.model, base.draft, base.method, base.k), SpecKey.of(spec))
+        or skus_changed(frozenset(base.skus), obs.window.skus)
+        or replicas_changed(base.replicas, obs.replicas)
+        or (
+            traffic_shifted(baseline_traffic, recent, spec.tuning.trafficChangePercent)
+            if baseline_traffic is not None
+            else None
+        )
+        or too_old(measured, obs.now, timedelta(seconds=spec.tuning.maxAgeSeconds))
+    )
+
+
+def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
+    """One turn of the state machine. Manual is never touched; Advisory measures and
+    recommends but never moves a threshold."""
+    cal = state.calibration
+    if spec.speculation.threshold.mode == "Manual":
+        if cal.phase == "Idle":
+            return Step(state)
+        return _finish(state, obs.now, Event("CalibrationCancelled", "threshold mode is Manual"))
+    if obs.window is None:
+        if cal.phase == "Idle":
+            return Step(state)
+        why = f"Prometheus unavailable ({obs.error}): threshold kept, exploration lowered"
+        return _finish(state, obs.now, Event("CalibrationAborted", why, warning=True))
+    if cal.phase == "Exploring":
+        return _explore(spec, state, obs, obs.window)
+    if cal.phase == "Verifying":
+        return _verify(spec, state, obs, obs.window)
+    if not obs.settled:
+        return Step(state)
+    reason = trigger(spec, cal, obs)
+    if reason is None:
+        return Step(state)
+    started = cal.model_copy(
+        update={
+            "phase": "Exploring",
+            "trigger": reason.kind,
+            "message": reason.message,
+            "startedAt": _iso(obs.now),
+            "before": _traffic_dict(obs.window.traffic),
+        }
+    )
+    return Step(
+        dataclasses.replace(state, calibration=started),
+        (Event("CalibrationStarted", f"re-measuring the crossover: {reason.message}"),),
+    )
+
+
+def _finish(state: State, now: datetime, *events: Event) -> Step:
+    cal = state.calibration.model_copy(update={"phase": "Idle", "finishedAt": _iso(now)})
+    return Step(dataclasses.replace(state, calibration=cal), events)
+
+
+def collected(window: FleetWindow) -> bool:
+    """Every bucket traffic reaches has its samples in both modes, on every SKU."""
+    return bool(window.steps) and not any(undersampled(s) for s in window.steps.values())
+
+
+def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: FleetWindow) -> Step:
+    cal = state.calibration
+    assert cal.startedAt is not None
+    elapsed = (obs.now - _time(cal.startedAt)).total_seconds()
+    if elapsed < MIN_WINDOW_SECONDS or (
+        not collected(window) and elapsed < spec.tuning.calibrationWindowSeconds
+    ):
+        return Step(state)
+    estimates = {k: e for k, e in estimate_by_sku(window.steps).items() if e.known}
+    if not estimates:
+        why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
+        return _finish(state, obs.now, Event("CalibrationFailed", why, warning=True))
+    return _decide(spec, state, obs, window, estimates)
+
+
+def _pods_by_sku(window: FleetWindow) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for engine in window.engines.values():
+        out[engine.device] = out.get(engine.device, 0) + 1
+    return out
+
+
+def _decide(
+    spec: SpecDeploymentSpec,
+    state: State,
+    obs: Observation,
+    window: FleetWindow,
+    estimates: dict[str, Estimate],
+) -> Step:
+    """Damp each SKU's measured threshold; Auto applies the moves, Advisory reports them."""
+    t = spec.speculation.threshold
+    cal, now = state.calibration, obs.now
+    last_change = _time(cal.changedAt) if cal.changedAt else None
+    dwell = timedelta(seconds=spec.tuning.minDwellSeconds)
+    pods = _pods_by_sku(window)
+    old = thresholds_by_sku(state)
+    auto = t.mode == "Auto"
+    per_sku, events, changed = [], [], False
+    for sku, est in estimates.items():
+        current = old.get(sku, state.threshold.current)
+        unmeasured = sku not in old and state.threshold.source != "Measured"
+        damped = damp(
+            current, est.threshold, t.min, t.max, None if unmeasured else last_change, now, dwell
+        )
+        move = auto and damped.action == "change"
+        changed |= move
+        per_sku.append(
+            SkuThreshold(
+                sku=sku,
+                threshold=damped.threshold if move else current,
+                batchSize=round(est.crossover.batch) if est.crossover.status == "crosses" else None,
+                reason=est.reason,
+                confidencePercent=round(est.confidence * 100),
+                pods=pods.get(sku, 0),
+            )
+        )
+        verb = "ThresholdChanged" if move else "ThresholdKept"
+        if not auto:
+            verb = "ThresholdRecommended"
+        events.append(Event(verb, f"{sku}: {damped.message} ({est.reason})"))
+    main = max(per_sku, key=lambda s: (s.pods, s.sku))
+    main_estimate = estimates[main.sku]
+    recommended = clamp(main_estimate.threshold, t.min, t.max)
+    threshold = ThresholdStatus(
+        current=main.threshold if auto else state.threshold.current,
+        recommended=recommended,
+        source="Measured"
+        if auto and (changed or state.threshold.source == "Measured")
+        else state.threshold.source,
+    )
+    crossover = CrossoverStatus(
+        batchSize=main.batchSize,
+        measuredAt=_iso(now),
+        reason=main_estimate.reason,
+        sku=main.sku,
+        replicas=obs.replicas,
+    )
+    baseline = Baseline(
+        replicas=obs.replicas,
+        skus=sorted(window.skus),
+        model=spec.model.name,
+        draft=spec.speculation.draft,
+        method=spec.speculation.method,
+        k=spec.speculation.numSpeculativeTokens,
+        measuredAt=_iso(now),
+        traffic=_traffic_dict(window.traffic),  # the load the crossover was measured under
+    )
+    update: dict[str, object] = {"baseline": baseline}
+    if changed:
+        update |= {
+            "phase": "Verifying",
+            "changedAt": _iso(now),
+            "previous": list(state.per_sku)
+            or [SkuThreshold(sku=s, threshold=state.threshold.current) for s in estimates],
+        }
+    else:
+        update |= {"phase": "Idle", "finishedAt": _iso(now)}
+    new = State(
+        threshold=threshold,
+        crossover=crossover,
+        per_sku=tuple(per_sku),
+        calibration=cal.model_copy(update=update),
+    )
+    return Step(new, tuple(events))
+
+
+def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: FleetWindow) -> Step:
+    """Keep the change unless goodput fell beyond noise; then put the old thresholds back."""
+    cal = state.calibration
+    assert cal.changedAt is not None
+    elapsed = (obs.now - _time(cal.changedAt)).total_seconds()
+    if elapsed < spec.tuning.calibrationWindowSeconds:
+        return Step(state)
+    before = _traffic(cal.before)
+    if before is None:
+        return _finish(state, obs.now, Event("ThresholdVerified", "no traffic before the change"))
+    check = compare_goodput(before, window.traffic)
+    if check.verdict != "roll_back":
+        return _finish(state, obs.now, Event("ThresholdVerified", check.message))
+    previous = tuple(cal.previous)
+    main = max(previous, key=lambda s: (s.pods, s.sku)) if previous else None
+    rolled = State(
+        threshold=state.threshold.model_copy(
+            update={"current": main.threshold if main else state.threshold.current}
+        ),
+        crossover=state.crossover,
+        per_sku=previous,
+        calibration=cal.model_copy(update={"changedAt": _iso(obs.now)}),
+    )
+    back = ", ".join(f"{s.sku} {s.threshold}" for s in previous)
+    return _finish(rolled, obs.now, Event("RolledBack", f"{check.message}: back to {back}", True))
+
+
+def calibrated(spec: SpecDeploymentSpec, state: State) -> tuple[bool, str, str]:
+    """The Calibrated condition: (ok, reason, message)."""
+    mode = spec.speculation.threshold.mode
+    cal = state.calibration
+    if mode == "Manual":
+        return False, "Manual", "threshold pinned by spec.speculation.threshold.value"
+    if cal.baseline is None:
+        if cal.phase == "Exploring":
+            return False, "Calibrating", cal.message or ""
+        return False, "NotMeasured", "no crossover measured yet"
+    if cal.phase == "Exploring":  # the last measurement stays in force meanwhile
+        return True, "Recalibrating", cal.message or ""
+    summary = ", ".join(f"{s.sku}: threshold {s.threshold} ({s.reason})" for s in state.per_sku)
+    return True, "Recommended" if mode == "Advisory" else "Measured", summary
+
+
+def record_window(
+    windows: Sequence[tuple[datetime, Traffic]],
+    now: datetime,
+    traffic: Traffic,
+    keep: int = 3,
+) -> list[tuple[datetime, Traffic]]:
+    """The last `keep` consecutive traffic windows the traffic-shift trigger judges: a window
+    read at `now` is added once the last one has fully passed, so windows never overlap."""
+    if windows and (now - windows[-1][0]).total_seconds() < traffic.seconds:
+        return list(windows)
+    return [*windows, (now, traffic)][-keep:]

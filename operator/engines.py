@@ -1,0 +1,55 @@
+"""Pushing run-time speculation settings to engines through their admin API.
+
+The ConfigMap carries the deployment's threshold (durable: a restarted pod reads it); this
+brings every ready pod to its SKU's settings within one reconcile instead of after a kubelet's
+ConfigMap sync. Blocking HTTP (urllib): called from kopf's sync handlers, which run in its
+thread pool. Engines listen on pod IPs, never through a proxy. The token is never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+TIMEOUT_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class Target:
+    pod: str
+    url: str  # http://IP:PORT
+    threshold: int | None
+    exploration: float
+
+
+def in_step(live: dict[str, Any], target: Target) -> bool:
+    """Whether an engine already runs the target (GET /admin/speculation's answer)."""
+    return live.get("threshold") == target.threshold and math.isclose(
+        float(live.get("exploration", -1.0)), target.exploration, abs_tol=1e-9
+    )
+
+
+def sync(target: Target, token: str) -> str | None:
+    """Bring one engine to `target` when it differs; the error as text, None on success."""
+    try:
+        with HTTP.open(f"{target.url}/admin/speculation", timeout=TIMEOUT_SECONDS) as r:
+            if in_step(json.load(r), target):
+                return None
+        body = {"threshold": target.threshold, "exploration": target.exploration}
+        request = urllib.request.Request(
+            f"{target.url}/admin/speculation",
+            data=json.dumps(body).encode(),
+            method="PUT",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        )
+        with HTTP.open(request, timeout=TIMEOUT_SECONDS):
+            return None
+    except urllib.error.HTTPError as e:
+        return f"{target.pod}: HTTP {e.code}"
+    except (OSError, ValueError) as e:
+        return f"{target.pod}: {e}"

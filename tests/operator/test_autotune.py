@@ -1,0 +1,303 @@
+"""The calibration state machine without a cluster: every trigger starts a calibration that
+names it, exploration is raised only while exploring, Auto moves the threshold to the measured
+crossover (per SKU), Advisory only recommends, Manual is never touched, a goodput drop rolls the
+change back, Prometheus going away ends a calibration with the threshold kept, and changes are
+damped."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from spectune.engine.crossover import ModeStats, StatsByBucket
+from spectune.operator import autotune
+from spectune.operator.autotune import (
+    CALIBRATION_EXPLORATION_PERCENT,
+    Observation,
+    State,
+    engine_settings,
+    record_window,
+    step,
+    window_seconds,
+)
+from spectune.operator.models import (
+    CalibrationStatus,
+    CrossoverStatus,
+    ThresholdStatus,
+    parse_spec,
+)
+from spectune.operator.prometheus import EngineInfo, FleetWindow
+from spectune.operator.status import threshold_status
+from spectune.operator.triggers import Traffic
+
+H100, L4 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+WINDOW = 60  # tuning.calibrationWindowSeconds
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+
+
+def spec(mode: str = "Auto", value: int | None = 4, **tuning: int):
+    threshold = {"mode": mode} | ({"value": value} if value is not None else {})
+    return parse_spec(
+        {
+            "replicas": 2,
+            "model": {"name": "tiny-target"},
+            "speculation": {"method": "ngram", "threshold": threshold},
+            "tuning": {"calibrationWindowSeconds": WINDOW, "minDwellSeconds": 300} | tuning,
+        }
+    )
+
+
+def curve(crossover: float, steps: int = 100, buckets: tuple[int, ...] = BUCKETS) -> StatsByBucket:
+    """Sums whose speedup falls steadily through exactly 1.0 at batch `crossover`."""
+    stats: StatsByBucket = {}
+    for b in buckets:
+        speedup = (crossover / b) ** 0.3
+        stats[("plain", b)] = ModeStats(steps, steps * b, steps * 0.01)
+        stats[("spec", b)] = ModeStats(steps, 2 * steps * b, 2 * steps * 0.01 / speedup)
+    return stats
+
+
+def traffic(rate: float = 10.0, slo_met_share: float = 0.95, seconds: float = WINDOW) -> Traffic:
+    requests = rate * seconds
+    return Traffic(
+        seconds=seconds,
+        requests=requests,
+        slo_met=requests * slo_met_share,
+        ok_requests=requests,
+        decode_tokens=requests * 100,
+        busy_seconds=requests * 100 / 500,
+        drafted_tokens=1000.0,
+        accepted_tokens=600.0,
+    )
+
+
+def window(
+    steps: dict[str, StatsByBucket] | None = None,
+    pods: dict[str, str] | None = None,
+    load: Traffic | None = None,
+) -> FleetWindow:
+    pods = pods if pods is not None else {"e-0": H100, "e-1": H100}
+    engines = {p: EngineInfo(p, d, "tiny-target", "", "0.1", True, 1.0) for p, d in pods.items()}
+    return FleetWindow(engines, steps if steps is not None else {}, load or traffic())
+
+
+def observe(at: float, w: FleetWindow | None, replicas: int = 2, **kw) -> Observation:
+    return Observation(T0 + timedelta(seconds=at), replicas, True, w, **kw)
+
+
+def fresh(s) -> State:
+    return State(threshold_status(s, ThresholdStatus()), CrossoverStatus(), (), CalibrationStatus())
+
+
+def reasons(result: autotune.Step) -> list[str]:
+    return [e.reason for e in result.events]
+
+
+def calibrate(s, state: State, start: float, stats: dict[str, StatsByBucket], **kw) -> State:
+    """Run one calibration from Idle to its decision; the state after the decision."""
+    pods = kw.pop("pods", None)
+    started = step(s, state, observe(start, window({}, pods), **kw))
+    assert started.state.calibration.phase == "Exploring", started
+    return step(s, started.state, observe(start + WINDOW, window(stats, pods), **kw)).state
+
+
+def test_a_fresh_auto_deployment_calibrates_and_moves_to_the_crossover() -> None:
+    s = spec()
+    state = fresh(s)
+    assert engine_settings(s, state, H100) == (4, 2)
+    unsettled = Observation(T0, 1, False, window())
+    assert step(s, state, unsettled).state == state  # no calibration mid-rollout
+    started = step(s, state, observe(0, window()))
+    assert reasons(started) == ["CalibrationStarted"]
+    assert "no crossover measured yet" in started.events[0].message
+    state = started.state
+    assert state.calibration.trigger == "Initial"
+    assert engine_settings(s, state, H100) == (4, CALIBRATION_EXPLORATION_PERCENT)
+    assert autotune.calibrated(s, state)[:2] == (False, "Calibrating")
+    # still undersampled and the window has not ended: keep exploring
+    thin = {H100: curve(12, steps=5)}
+    assert step(s, state, observe(20, window(thin))).state == state
+    decided = step(s, state, observe(30, window({H100: curve(12)})))
+    assert reasons(decided) == ["ThresholdChanged"]
+    assert "4 -> 12" in decided.events[0].message
+    state = decided.state
+    assert state.threshold == ThresholdStatus(current=12, recommended=12, source="Measured")
+    assert state.crossover.batchSize == 12 and state.crossover.sku == H100
+    assert state.calibration.phase == "Verifying"
+    assert engine_settings(s, state, H100) == (12, 2)  # exploration back at its base
+    assert engine_settings(s, state, None) == (12, 2)  # the ConfigMap
+    ok, why, message = autotune.calibrated(s, state)
+    assert ok and why == "Measured" and "threshold 12" in message
+    kept = step(s, state, observe(30 + WINDOW, window({H100: curve(12)})))
+    assert reasons(kept) == ["ThresholdVerified"]
+    assert kept.state.calibration.phase == "Idle" and kept.state.threshold.current == 12
+
+
+def test_the_window_ends_the_collection_even_when_buckets_lack_samples() -> None:
+    s = spec()
+    state = step(s, fresh(s), observe(0, window())).state
+    thin = curve(12) | {("spec", 64): ModeStats(3, 384, 0.01), ("plain", 64): ModeStats(1, 64, 0)}
+    assert step(s, state, observe(WINDOW - 1, window({H100: thin}))).state == state
+    done = step(s, state, observe(WINDOW, window({H100: thin})))
+    assert done.state.threshold.current == 12
+
+
+def test_no_measurement_keeps_the_threshold_and_retries_after_a_window() -> None:
+    s = spec()
+    state = calibrate(s, fresh(s), 0, {})
+    assert state.calibration.phase == "Idle" and state.threshold.current == 4
+    assert state.calibration.baseline is None
+    assert step(s, state, observe(WINDOW + 30, window())).state == state  # backing off
+    retry = step(s, state, observe(2 * WINDOW, window()))
+    assert reasons(retry) == ["CalibrationStarted"]
+
+
+def test_advisory_recommends_and_changes_nothing_on_the_pods() -> None:
+    s = spec("Advisory")
+    state = calibrate(s, fresh(s), 0, {H100: curve(12)})
+    assert state.threshold == ThresholdStatus(current=4, recommended=12, source="Spec")
+    assert state.calibration.phase == "Idle"
+    assert engine_settings(s, state, H100) == (4, 2)
+    assert autotune.calibrated(s, state)[:2] == (True, "Recommended")
+
+
+def test_manual_is_never_touched() -> None:
+    s = spec("Manual", 6)
+    state = fresh(s)
+    assert step(s, state, observe(0, window({H100: curve(12)}))).state == state
+    assert engine_settings(s, state, H100) == (6, 2)
+    # a calibration left over from Auto ends, and exploration goes back to its base
+    exploring = step(spec(), fresh(spec()), observe(0, window())).state
+    ended = step(s, exploring, observe(10, window()))
+    assert reasons(ended) == ["CalibrationCancelled"]
+    assert engine_settings(s, ended.state, H100)[1] == 2
+
+
+def test_prometheus_gone_mid_calibration_keeps_the_threshold_and_lowers_exploration() -> None:
+    s = spec()
+    exploring = step(s, fresh(s), observe(0, window())).state
+    gone = step(s, exploring, observe(20, None, error="connection refused"))
+    assert reasons(gone) == ["CalibrationAborted"] and gone.events[0].warning
+    assert "connection refused" in gone.events[0].message
+    assert engine_settings(s, gone.state, H100) == (4, 2)
+    assert step(s, gone.state, observe(30, None)).state == gone.state  # idle: wait
+    back = step(s, gone.state, observe(20 + WINDOW, window()))
+    assert reasons(back) == ["CalibrationStarted"]  # recovers by itself
+
+
+def test_a_goodput_drop_beyond_noise_rolls_back() -> None:
+    s = spec()
+    state = step(s, fresh(s), observe(0, window(load=traffic(slo_met_share=0.95)))).state
+    state = step(s, state, observe(30, window({H100: curve(12)}))).state
+    assert state.threshold.current == 12
+    worse = window({H100: curve(12)}, load=traffic(slo_met_share=0.7))
+    rolled = step(s, state, observe(30 + WINDOW, worse))
+    assert reasons(rolled) == ["RolledBack"] and rolled.events[0].warning
+    assert rolled.state.threshold.current == 4
+    assert engine_settings(s, rolled.state, H100) == (4, 2)
+    assert rolled.state.calibration.phase == "Idle"
+
+
+def measured(s, crossover: float = 12) -> State:
+    """Idle after one calibration at T0 whose change was kept."""
+    state = calibrate(s, fresh(s), 0, {H100: curve(crossover)})
+    return step(s, state, observe(2 * WINDOW, window({H100: curve(crossover)}))).state
+
+
+def windows(*loads: Traffic, end: float) -> list[tuple[datetime, Traffic]]:
+    """Consecutive windows, the last read at T0 + `end` seconds."""
+    n = len(loads)
+    return [(T0 + timedelta(seconds=end - WINDOW * (n - 1 - i)), t) for i, t in enumerate(loads)]
+
+
+STEADY = (traffic(),) * 3
+
+
+@pytest.mark.parametrize(
+    ("change", "kind", "words"),
+    [
+        ({"replicas": 3}, "Replicas", "replicas changed from 2 to 3"),
+        ({"pods": {"e-0": L4, "e-1": L4}}, "Sku", f"from {H100} to {L4}"),
+        ({"spec": {"numSpeculativeTokens": 6}}, "Spec", "k 4 -> 6"),
+        ({"loads": (traffic(rate=20.0),) * 3}, "Traffic", "request rate"),
+        ({"later": 3600}, "MaxAge", "maximum age"),
+    ],
+)
+def test_each_trigger_starts_a_calibration_that_names_it(change, kind, words) -> None:
+    s = spec()
+    state = measured(s)  # measured at T0 + 60 s under traffic()
+    assert state.calibration.baseline is not None
+    assert state.calibration.baseline.traffic["requests"] == traffic().requests
+    at = 4 * WINDOW + change.get("later", 0)
+    quiet = observe(4 * WINDOW, window(), recent=windows(*STEADY, end=4 * WINDOW))
+    assert step(s, state, quiet).state == state  # nothing changed: nothing fires
+    s2 = spec()
+    if "spec" in change:
+        s2 = s2.model_copy(update={"speculation": s.speculation.model_copy(update=change["spec"])})
+    obs = observe(
+        at,
+        window(pods=change.get("pods")),
+        replicas=change.get("replicas", 2),
+        recent=windows(*change.get("loads", STEADY), end=4 * WINDOW),
+    )
+    started = step(s2, state, obs)
+    assert started.state.calibration.trigger == kind
+    assert reasons(started) == ["CalibrationStarted"] and words in started.events[0].message
+    assert autotune.calibrated(s2, started.state)[:2] == (True, "Recalibrating")
+
+
+def test_traffic_from_before_the_measurement_does_not_count_as_a_shift() -> None:
+    s = spec()
+    state = measured(s)  # at T0 + 60 s; the goodput check ends at T0 + 120 s
+    low = (traffic(rate=1.0),) * 4
+    # windows read at 0, 60, 120, 180 s: only the last two began after the measurement
+    assert step(s, state, observe(3 * WINDOW, window(), recent=windows(*low, end=180))).state == (
+        state
+    )
+    shifted = step(s, state, observe(4 * WINDOW, window(), recent=windows(*low, end=240)))
+    assert shifted.state.calibration.trigger == "Traffic"
+
+
+def test_damping_holds_a_move_within_the_dwell_time_or_the_dead_band() -> None:
+    s = spec()
+    state = measured(s)  # changed to 12 at T0 + 30 s; the replica change re-triggers below
+    soon = calibrate(s, state, 3 * WINDOW, {H100: curve(32)}, replicas=3)
+    assert soon.threshold.current == 12  # 3.5 minutes after the change: the dwell holds it
+    assert soon.calibration.phase == "Idle" and soon.crossover.batchSize == 32
+    near = calibrate(s, state, 400, {H100: curve(16)}, replicas=3)
+    assert near.threshold.current == 12  # 16 is one bucket up: within the dead band
+    far = calibrate(s, state, 400, {H100: curve(32)}, replicas=3)
+    assert far.threshold.current == 32 and far.calibration.phase == "Verifying"
+
+
+def test_two_skus_get_a_threshold_each() -> None:
+    s = spec()
+    pods = {"e-0": H100, "e-1": L4, "e-2": L4}
+    state = calibrate(s, fresh(s), 0, {H100: curve(12), L4: curve(24)}, pods=pods, replicas=3)
+    by_sku = {p.sku: (p.threshold, p.pods) for p in state.per_sku}
+    assert by_sku == {H100: (12, 1), L4: (24, 2)}
+    assert engine_settings(s, state, H100)[0] == 12
+    assert engine_settings(s, state, L4)[0] == 24
+    assert state.threshold.current == 24  # the ConfigMap carries the SKU most pods run on
+    assert state.crossover.sku == L4
+
+
+def test_windows_follow_the_phase() -> None:
+    s = spec()
+    idle = CalibrationStatus()
+    assert window_seconds(s, idle, T0) == WINDOW
+    exploring = CalibrationStatus(phase="Exploring", startedAt=T0.isoformat())
+    assert window_seconds(s, exploring, T0 + timedelta(seconds=45)) == 45
+    assert window_seconds(s, exploring, T0 + timedelta(seconds=2)) == autotune.MIN_WINDOW_SECONDS
+
+
+def test_traffic_windows_are_consecutive_and_bounded() -> None:
+    w: list = []
+    for i in range(10):
+        w = record_window(w, T0 + timedelta(seconds=10 * i), traffic(rate=i))
+    assert [t.request_rate for _, t in w] == [0.0, 6.0]  # 60 s apart: 0, 60 (and 120 pending)
+    for i in range(10, 30):
+        w = record_window(w, T0 + timedelta(seconds=10 * i), traffic(rate=i))
+    assert [t.request_rate for _, t in w] == [12.0, 18.0, 24.0]

@@ -1,0 +1,257 @@
+"""Auto end to end: the operator (its own ServiceAccount, the chart's RBAC) reads the real
+Prometheus, raises exploration on the real engines behind the pods, measures the crossover
+from their live traffic, moves every engine's threshold there through the admin API and the
+ConfigMap, lowers exploration, and re-calibrates when the replicas change. Traffic is bounded
+(clients, requests and time) and goes to loopback pod IPs only.
+
+The pods ask for simulated GPUs (podAnnotations: spectune.io/simulate-gpu), so a pod runner that
+honours the opt-in gives them the H100's modelled clock; one that predates it runs them on the
+CPU's own clock, and everything asserted here holds either way (the crossover is compared with
+what the operator itself estimated, and with the device model only when simulated)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from spectune.engine import contract
+from spectune.operator import render
+from spectune.operator.triggers import bucket_steps
+from tests.cluster.support import Cluster, is_loopback, wait_until
+
+from .conftest import RULES, create, get_sd, start_operator, stop
+from .test_operator_cluster import all_ready, sd_condition
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+PORT = 8000
+START = 1  # the spec's start value: far below any crossover the engines can show
+WINDOW = 30  # tuning.calibrationWindowSeconds
+CLIENTS, MAX_REQUESTS, LOAD_SECONDS = 8, 4000, 240
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+PROMPTS = [line for line in inspect.getsource(json).splitlines() if len(line) > 30][:64]
+
+
+def auto_sd(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "spectune.io/v1alpha1",
+        "kind": "SpecDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "model": {"name": "tiny-target"},
+            "engine": {
+                "gpus": 1,
+                "nodeSelector": {"nvidia.com/gpu.product": H100},
+                "podAnnotations": {"spectune.io/simulate-gpu": "true"},
+                "maxBatchSize": 16,
+            },
+            "speculation": {
+                "method": "ngram",
+                "threshold": {"mode": "Auto", "value": START, "min": 1, "max": 16},
+            },
+            "slo": {"ttftMilliseconds": 5000, "tpotMilliseconds": 1000},
+            "tuning": {"calibrationWindowSeconds": WINDOW, "minDwellSeconds": 0},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def tuner(cluster: Cluster, admin: client.ApiClient, tmp_path_factory) -> Iterator[str]:
+    """A namespace watched by an operator of its own (its own peering, so that operators of
+    other test runs on this cluster neither pause it nor are paused by it)."""
+    namespace = f"autotune-{uuid.uuid4().hex[:8]}"
+    peering = f"autotune-{uuid.uuid4().hex[:6]}"
+    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    core.create_namespace({"metadata": {"name": namespace}})
+    custom.create_cluster_custom_object(
+        "kopf.dev", "v1", "clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
+    )  # fmt: skip
+    process, log = start_operator(
+        cluster, admin, tmp_path_factory.mktemp("autotune"), yaml.safe_load(RULES.read_text()),
+        priority=170, extra=["--namespace", namespace, "--peering", peering,
+                             "--prometheus-url", cluster.prometheus_url],
+    )  # fmt: skip
+    yield namespace
+    stop(process)
+    print(Path(log).read_text()[-3000:])
+    core.delete_namespace(namespace)
+    custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
+
+
+class Load:
+    """Closed-loop clients against the pods' engines, bounded in requests and time."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls, self.sent, self.failed = urls, 0, 0
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.deadline = time.monotonic() + LOAD_SECONDS
+        self.threads = [threading.Thread(target=self.client, args=(i,)) for i in range(CLIENTS)]
+
+    def client(self, i: int) -> None:
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            with self.lock:
+                if self.sent >= MAX_REQUESTS:
+                    return
+                self.sent += 1
+                n, url = self.sent, self.urls[self.sent % len(self.urls)]
+            body = {"model": "tiny-target", "prompt": PROMPTS[(n + i) % len(PROMPTS)],
+                    "max_tokens": 48, "temperature": 0}  # fmt: skip
+            request = urllib.request.Request(
+                f"{url}/v1/completions", json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            try:
+                with HTTP.open(request, timeout=60) as r:
+                    r.read()
+            except OSError:
+                with self.lock:
+                    self.failed += 1
+                time.sleep(0.5)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def retarget(self, urls: list[str]) -> None:
+        self.urls = urls
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(70)
+
+
+def urls(pods: list[Any]) -> list[str]:
+    for p in pods:
+        assert is_loopback(p.status.pod_ip), p.status.pod_ip
+    return [f"http://{p.status.pod_ip}:{PORT}" for p in pods]
+
+
+def speculation(url: str) -> dict[str, Any]:
+    with HTTP.open(f"{url}/admin/speculation", timeout=5) as r:
+        return json.load(r)
+
+
+def events(admin: client.ApiClient, namespace: str, name: str) -> list[Any]:
+    found = client.CoreV1Api(admin).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}"
+    )
+    return sorted(found.items, key=lambda e: e.metadata.creation_timestamp)
+
+
+def simulated(cluster: Cluster, namespace: str) -> bool:
+    info = cluster.prometheus(
+        "/api/v1/query", query=f'{contract.ENGINE_INFO}{{namespace="{namespace}"}}'
+    )
+    return bool(info["result"]) and all(
+        r["metric"].get("simulated") == "true" for r in info["result"]
+    )
+
+
+def test_auto_measures_the_crossover_and_follows_a_replica_change(
+    cluster: Cluster, admin: client.ApiClient, tuner: str
+) -> None:
+    namespace, name = tuner, "tuned"
+    began = time.monotonic()
+    create(admin, namespace, auto_sd(name))
+    pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, name, 1), timeout=120)
+    ready_at = time.monotonic() - began
+    with Load(urls(pods)) as load:
+        exploring = wait_until(
+            "exploration raised on the engine",
+            lambda: speculation(urls(pods)[0])["exploration"] > 0.2 or None,
+            timeout=60,
+        )
+        assert exploring
+        calibrated = wait_until(
+            "Calibrated=True",
+            lambda: (
+                sd_condition(admin, namespace, name, "Calibrated").get("status") == "True" or None
+            ),
+            timeout=120,
+        )
+        assert calibrated
+        measured_at = time.monotonic() - began
+        status = get_sd(admin, namespace, name)["status"]
+        (h100,) = status["perSku"]
+        threshold = status["threshold"]
+        # the threshold the estimate asks for, damped: moved unless within the dead band
+        assert threshold["recommended"] is not None
+        if bucket_steps(START, threshold["recommended"]) > 1:
+            assert threshold["current"] == threshold["recommended"]
+            assert threshold["source"] == "Measured"
+        else:
+            assert threshold["current"] == START
+        assert h100["threshold"] == threshold["current"] and h100["reason"]
+        assert status["crossover"]["sku"] == h100["sku"]
+        reasons = [e.reason for e in events(admin, namespace, name)]
+        assert "CalibrationStarted" in reasons
+        assert {"ThresholdChanged", "ThresholdKept"} & set(reasons)
+        # every engine runs it, with exploration back at its base
+        for url in urls(pods):
+            live = speculation(url)
+            assert live["threshold"] == threshold["current"]
+            assert live["exploration"] == pytest.approx(0.02)
+        config = client.CoreV1Api(admin).read_namespaced_config_map(
+            render.child_names(name)["config"], namespace
+        )
+        engine_yaml = yaml.safe_load(config.data[render.CONFIG_FILE])
+        assert engine_yaml["speculation"]["threshold"] == threshold["current"]
+
+        def scraped() -> bool | None:
+            query = f'{contract.SPEC_THRESHOLD}{{namespace="{namespace}"}}'
+            result = cluster.prometheus("/api/v1/query", query=query)["result"]
+            return (
+                bool(result) and all(float(r["value"][1]) == threshold["current"] for r in result)
+            ) or None
+
+        wait_until("spectune_spec_threshold = status.threshold.current", scraped, timeout=30)
+        print(
+            f"\nsimulated={simulated(cluster, namespace)} ready after {ready_at:.0f}s, "
+            f"calibrated after {measured_at:.0f}s: start {START} -> {threshold}, {h100}"
+        )
+
+        # a replica change re-triggers (after the goodput check and one window of back-off)
+        client.CustomObjectsApi(admin).patch_namespaced_custom_object_scale(
+            "spectune.io", "v1alpha1", namespace, "specdeployments", name, {"spec": {"replicas": 2}}
+        )
+        two = wait_until("2 ready engines", lambda: all_ready(admin, namespace, name, 2), 120)
+        load.retarget(urls(two))
+
+        def replica_calibration() -> str | None:
+            found = [
+                e.message
+                for e in events(admin, namespace, name)
+                if e.reason == "CalibrationStarted" and "replicas changed" in e.message
+            ]
+            return found[0] if found else None
+
+        message = wait_until("a calibration naming the replica change", replica_calibration, 120)
+        assert "replicas changed from 1 to 2" in message
+        print(f"replica trigger after {time.monotonic() - began:.0f}s: {message}")
+    assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
+
+
+def test_pod_runner_simulates_a_pod_that_opts_in() -> None:
+    from tests.cluster.test_pod_runner_args import runner
+
+    assert runner.wants_simulation(False, {"spectune.io/simulate-gpu": "true"})
+    assert not runner.wants_simulation(False, {"spectune.io/simulate-gpu": "false"})
+    assert not runner.wants_simulation(False, None)
+    assert runner.wants_simulation(True, None)
