@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import os
 import tempfile
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,21 @@ from kubernetes.dynamic.resource import Resource
 FIELD_MANAGER = "spectune-operator"
 
 
-@cache
+_DYNAMIC = threading.Lock()
+
+
 def dynamic() -> DynamicClient:
-    """One client per process: in-cluster credentials, else $KUBECONFIG. Its discovery
-    cache file is per process: replicas sharing one file read each other's half-writes."""
+    """One client per process, made under a lock: sync handlers run on several threads, and
+    two clients made at once half-write one discovery cache file (seen: KeyError 'resources'
+    in a first reconcile, retried 60 s later)."""
+    with _DYNAMIC:
+        return _make_dynamic()
+
+
+@cache
+def _make_dynamic() -> DynamicClient:
+    """In-cluster credentials, else $KUBECONFIG. Its discovery cache file is per process:
+    replicas sharing one file read each other's half-writes."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
