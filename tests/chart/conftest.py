@@ -1,0 +1,22 @@
+"""helm comes from hack/build-binaries.sh like the cluster's parts: a fresh clone has none
+until something builds or copies it, and the chart tests may run before any cluster test."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests.chart.support import HELM
+from tests.cluster.conftest import require_cluster_tools
+from tests.cluster.support import REPO
+
+
+@pytest.fixture(scope="session", autouse=True)
+def helm_binary() -> None:
+    """Install helm (from the per-user build cache in a second, else built from source)."""
+    if HELM.exists():
+        return
+    require_cluster_tools(HELM.parent, shutil.which("go"))
+    subprocess.run([str(REPO / "hack" / "build-binaries.sh"), "helm"], check=True, timeout=3600)
