@@ -40,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the Prometheus that scrapes the engines (handlers get it as memo.prometheus_url)",
     )
     run.add_argument(
+        "--no-engine-pod-monitors",
+        dest="engine_pod_monitors",
+        action="store_false",
+        help="make no PodMonitor per SpecDeployment (one for all engines exists, e.g. the "
+        "chart's monitoring.podMonitor: engines would be scraped twice)",
+    )
+    run.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING"],
@@ -98,7 +105,9 @@ def _run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         priority=args.priority,
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(prometheus_url=args.prometheus_url),
+        memo=kopf.Memo(
+            prometheus_url=args.prometheus_url, engine_pod_monitors=args.engine_pod_monitors
+        ),
     )
     return 0
 

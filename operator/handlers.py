@@ -68,7 +68,12 @@ log = logging.getLogger(__name__)
 
 
 def children(
-    name: str, namespace: str, spec: SpecDeploymentSpec, threshold: int | None, exploration: int
+    name: str,
+    namespace: str,
+    spec: SpecDeploymentSpec,
+    threshold: int | None,
+    exploration: int,
+    pod_monitor: bool = True,
 ) -> list[dict]:
     config = render.engine_config(spec, threshold, exploration)
     objs = [
@@ -76,7 +81,7 @@ def children(
         render.deployment(name, namespace, spec, config),
         render.service(name, namespace, spec),
     ]
-    if kube.api_available("monitoring.coreos.com/v1", "PodMonitor"):
+    if pod_monitor and kube.api_available("monitoring.coreos.com/v1", "PodMonitor"):
         objs.append(render.pod_monitor(name, namespace))
     return objs
 
@@ -189,7 +194,13 @@ def reconcile(
             post(body, reason=event.reason, message=event.message)
     live = {
         c["kind"]: _apply_child(body, c)
-        for c in children(name, namespace, desired, *autotune.engine_settings(desired, state, None))
+        for c in children(
+            name,
+            namespace,
+            desired,
+            *autotune.engine_settings(desired, state, None),
+            pod_monitor=memo.get("engine_pod_monitors", True),
+        )
     }
     if desired.speculation.threshold.mode != "Manual":
         push(name, namespace, desired, state, pods, observation and observation.window)

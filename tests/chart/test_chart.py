@@ -164,6 +164,9 @@ def test_monitoring_objects_follow_their_values() -> None:
     assert pod_monitor["spec"]["selector"]["matchLabels"] == {
         "app.kubernetes.io/name": "spectune-engine"
     }
+    # then the operator makes none per SpecDeployment, so that engines are scraped once
+    assert "--no-engine-pod-monitors" in _container(objs)["args"]
+    assert "--no-engine-pod-monitors" not in _container(plain)["args"]
     dashboard = one(objs, "ConfigMap")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["spectune.json"]) == json.loads(

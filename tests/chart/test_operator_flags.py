@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from spectune.operator import metrics
 from spectune.operator.cli import _priority
 
@@ -48,3 +50,13 @@ def test_metrics_follow_the_status() -> None:
     unmeasured = {"metadata": {"namespace": "ns", "name": "new"}, "spec": {}}
     empty = {f.name: f.samples for f in metrics.families([unmeasured])}
     assert not empty[metrics.THRESHOLD] and not empty[metrics.CROSSOVER]
+
+
+def test_no_engine_pod_monitors_is_a_run_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spectune.operator import cli
+
+    seen: list[bool] = []
+    monkeypatch.setattr(cli, "_run", lambda args: seen.append(args.engine_pod_monitors) or 0)
+    cli.main(["run", "--no-engine-pod-monitors"])
+    cli.main(["run"])
+    assert seen == [False, True]

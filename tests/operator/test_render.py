@@ -140,3 +140,11 @@ def test_pod_annotations_reach_the_pod_template_and_cannot_override_ours() -> No
     assert annotations["spectune.io/simulate-gpu"] == "true"
     assert annotations["prometheus.io/port"] == "8100"
     assert annotations[render.CONFIG_HASH_ANNOTATION] == render.start_config_hash(config)
+
+
+def test_no_engine_pod_monitors_leaves_the_pod_monitor_out() -> None:
+    """The chart's PodMonitor covers every engine; one per SpecDeployment would scrape twice."""
+    from spectune.operator import handlers
+
+    objs = handlers.children("llm", "ns", SPEC, 12, 2, pod_monitor=False)
+    assert [o["kind"] for o in objs] == ["ConfigMap", "Deployment", "Service"]
