@@ -255,3 +255,51 @@ def test_pod_runner_simulates_a_pod_that_opts_in() -> None:
     assert not runner.wants_simulation(False, {"spectune.io/simulate-gpu": "false"})
     assert not runner.wants_simulation(False, None)
     assert runner.wants_simulation(True, None)
+
+
+A100 = "NVIDIA-A100-SXM4-40GB"
+
+
+def test_a_gpu_sku_change_recalibrates_on_the_new_sku(
+    cluster: Cluster, admin: client.ApiClient, tuner: str
+) -> None:
+    """The pods move from H100 to A100 nodes (a nodeSelector edit, as a migration would):
+    the engines' `device` label changes, the operator says so and measures the A100's curve."""
+    namespace, name = tuner, "migrated"
+    began = time.monotonic()
+    create(admin, namespace, auto_sd(name))
+    pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, name, 1), timeout=120)
+
+    def calibrated_on(sku: str) -> dict[str, Any] | None:
+        status = get_sd(admin, namespace, name).get("status") or {}
+        done = sd_condition(admin, namespace, name, "Calibrated").get("status") == "True"
+        return next((s for s in status.get("perSku") or [] if s["sku"] == sku and done), None)
+
+    with Load(urls(pods)) as load:
+        wait_until("calibrated on the H100", lambda: calibrated_on(H100), timeout=150)
+        client.CustomObjectsApi(admin).patch_namespaced_custom_object(
+            "spectune.io", "v1alpha1", namespace, "specdeployments", name,
+            {"spec": {"engine": {"nodeSelector": {"nvidia.com/gpu.product": A100}}}},
+        )  # fmt: skip
+
+        def moved() -> list[Any] | None:
+            ready = all_ready(admin, namespace, name, 1)
+            return ready if ready and ready[0].spec.node_name.startswith("gpu-a100") else None
+
+        load.retarget(urls(wait_until("the engine on the A100 node", moved, timeout=120)))
+
+        def sku_calibration() -> str | None:
+            found = [
+                e.message
+                for e in events(admin, namespace, name)
+                if e.reason == "CalibrationStarted" and "GPU SKUs changed" in e.message
+            ]
+            return found[0] if found else None
+
+        message = wait_until("a calibration naming the SKU change", sku_calibration, 150)
+        assert f"from {H100} to" in message and A100 in message, message
+        a100 = wait_until("calibrated on the A100", lambda: calibrated_on(A100), timeout=150)
+        assert a100["reason"] and a100["pods"] == 1
+        print(f"\nSKU trigger and A100 calibration after {time.monotonic() - began:.0f}s: "
+              f"{message}; {a100}")  # fmt: skip
+    assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
