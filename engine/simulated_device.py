@@ -49,8 +49,7 @@ class SimulatedDevice:
 
     @classmethod
     def named(cls, sku: str, time_scale: float = 1.0, extra_context: int = 0) -> SimulatedDevice:
-        if not time_scale > 0:
-            raise ValueError(f"the simulation's time scale must be > 0, got {time_scale}")
+        """EngineConfig has checked the scale and the extra context; the SKU is looked up here."""
         return cls(sku_named(sku), time_scale, extra_context=extra_context)
 
     @property

@@ -155,6 +155,20 @@ def events(admin: client.ApiClient, namespace: str, name: str) -> list[Any]:
     return sorted(found.items, key=lambda e: e.metadata.creation_timestamp)
 
 
+def calibration_started(
+    admin: client.ApiClient, namespace: str, name: str, saying: str
+) -> str | None:
+    """The first CalibrationStarted Event whose message says `saying`."""
+    return next(
+        (
+            e.message
+            for e in events(admin, namespace, name)
+            if e.reason == "CalibrationStarted" and saying in e.message
+        ),
+        None,
+    )
+
+
 def simulated(cluster: Cluster, namespace: str) -> bool:
     info = cluster.prometheus(
         "/api/v1/query", query=f'{contract.ENGINE_INFO}{{namespace="{namespace}"}}'
@@ -234,15 +248,11 @@ def test_auto_measures_the_crossover_and_follows_a_replica_change(
         two = wait_until("2 ready engines", lambda: all_ready(admin, namespace, name, 2), 120)
         load.retarget(urls(two))
 
-        def replica_calibration() -> str | None:
-            found = [
-                e.message
-                for e in events(admin, namespace, name)
-                if e.reason == "CalibrationStarted" and "replicas changed" in e.message
-            ]
-            return found[0] if found else None
-
-        message = wait_until("a calibration naming the replica change", replica_calibration, 120)
+        message = wait_until(
+            "a calibration naming the replica change",
+            lambda: calibration_started(admin, namespace, name, "replicas changed"),
+            120,
+        )
         assert "replicas changed from 1 to 2" in message
         print(f"replica trigger after {time.monotonic() - began:.0f}s: {message}")
     assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
@@ -288,15 +298,11 @@ def test_a_gpu_sku_change_recalibrates_on_the_new_sku(
 
         load.retarget(urls(wait_until("the engine on the A100 node", moved, timeout=120)))
 
-        def sku_calibration() -> str | None:
-            found = [
-                e.message
-                for e in events(admin, namespace, name)
-                if e.reason == "CalibrationStarted" and "GPU SKUs changed" in e.message
-            ]
-            return found[0] if found else None
-
-        message = wait_until("a calibration naming the SKU change", sku_calibration, 150)
+        message = wait_until(
+            "a calibration naming the SKU change",
+            lambda: calibration_started(admin, namespace, name, "GPU SKUs changed"),
+            150,
+        )
         assert f"from {H100} to" in message and A100 in message, message
         a100 = wait_until("calibrated on the A100", lambda: calibrated_on(A100), timeout=150)
         assert a100["reason"] and a100["pods"] == 1
