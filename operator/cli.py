@@ -7,7 +7,13 @@ import os
 import socket
 import sys
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spectune.operator.prometheus import LabelNames
+
+# The target labels naming an engine's namespace, pod and SpecDeployment (LabelNames' fields).
+LABELS = ("namespace", "pod", "instance")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("SPECTUNE_PROMETHEUS_URL", "http://127.0.0.1:9090"),
         help="the Prometheus that scrapes the engines (handlers get it as memo.prometheus_url)",
     )
+    for target in LABELS:
+        run.add_argument(
+            f"--prometheus-{target}-label",
+            dest=f"{target}_label",
+            default=os.environ.get(f"SPECTUNE_PROMETHEUS_{target.upper()}_LABEL"),
+            help=f"the engines' {target} target label in that Prometheus "
+            f"(env SPECTUNE_PROMETHEUS_{target.upper()}_LABEL; default: the local cluster's)",
+        )
     run.add_argument(
         "--no-engine-pod-monitors",
         dest="engine_pod_monitors",
@@ -69,6 +83,14 @@ def _priority(value: str) -> int:
     return int(value)
 
 
+def label_names(args: argparse.Namespace) -> LabelNames:
+    """The reader's LabelNames: those given, the defaults for the rest."""
+    from spectune.operator.prometheus import LabelNames
+
+    given = {t: getattr(args, f"{t}_label") for t in LABELS}
+    return LabelNames(**{t: name for t, name in given.items() if name})
+
+
 def _run(args: argparse.Namespace) -> int:
     import logging
 
@@ -76,16 +98,19 @@ def _run(args: argparse.Namespace) -> int:
 
     from spectune.operator import handlers
 
+    labels = label_names(args)
+
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("spectune.operator").info(
-        "starting: namespaces=%s peering=%s priority=%d resync=%.0fs prometheus=%s metrics=%s",
+        "starting: namespaces=%s peering=%s priority=%d resync=%.0fs prometheus=%s %s metrics=%s",
         args.namespace or "all",
         args.peering,
         args.priority,
         handlers.RESYNC_SECONDS,
         args.prometheus_url,
+        labels,
         args.metrics_address or "off",
     )
     if args.metrics_address:
@@ -106,7 +131,9 @@ def _run(args: argparse.Namespace) -> int:
         priority=args.priority,
         liveness_endpoint=args.liveness,
         memo=kopf.Memo(
-            prometheus_url=args.prometheus_url, engine_pod_monitors=args.engine_pod_monitors
+            prometheus_url=args.prometheus_url,
+            prometheus_labels=labels,
+            engine_pod_monitors=args.engine_pod_monitors,
         ),
     )
     return 0

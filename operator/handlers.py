@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from spectune.operator import autotune, engines, kube, logs, render
+from spectune.operator import autotune, engines, kube, logs, metrics, render
 from spectune.operator.models import (
     GROUP,
     PLURAL,
@@ -119,7 +119,9 @@ def observe(
     settled = ready == spec.replicas == len(live)
     seconds = autotune.window_seconds(spec, state.calibration, now)
     try:
-        window = prometheus(memo.prometheus_url).read(Selector(namespace, name), seconds)
+        window = prometheus(memo.prometheus_url).read(
+            Selector(namespace, name, memo.prometheus_labels), seconds
+        )
     except PrometheusUnavailable as err:
         return autotune.Observation(now, ready, settled, None, error=str(err))
     if state.calibration.phase == "Idle":
@@ -188,6 +190,7 @@ def reconcile(
     if desired.speculation.threshold.mode != "Manual" or state.calibration.phase != "Idle":
         observation = observe(memo, name, namespace, desired, state, pods, now)
         tuned = autotune.step(desired, state, observation)
+        metrics.COUNTERS.record(namespace, name, state, observation, tuned)
         state = tuned.state
         for event in tuned.events:
             post = kopf.warn if event.warning else kopf.info

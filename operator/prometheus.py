@@ -6,7 +6,9 @@ are what the local cluster's pod discovery gives (hack/cluster/prometheus.yml.in
 pod's `app.kubernetes.io/instance` label to `app_kubernetes_io_instance`); a PodMonitor
 needs podTargetLabels or other names. Queries return per-pod series that are summed here,
 over the pods whose `spectune_engine_info` is fresh, so that one stale or vanished pod
-cannot lend old data to the window. Missing data is None (unknown), never zero;
+cannot lend old data to the window, and warm, so that a pod that just started (a counter's
+first scrape is no increase, its first steps no steady state) does not either. Missing data
+is None (unknown), never zero;
 Prometheus down or answering garbage raises `PrometheusUnavailable`.
 
 The client is synchronous (requests): handlers call `read` through
@@ -94,12 +96,16 @@ class PrometheusReader:
         self,
         url: str,
         stale_after_seconds: float = 30.0,
+        warm_up_seconds: float = 15.0,
         timeout_seconds: float = 10.0,
         client: PrometheusConnect | None = None,
     ) -> None:
         """`stale_after_seconds`: an engine whose info series was last scraped longer ago
-        is left out (a few scrape intervals). Retries are the caller's, with back-off."""
+        is left out (a few scrape intervals); `warm_up_seconds`: so is one whose info series
+        had no sample that long ago (about two scrape intervals, so its counters have two
+        points). Retries are the caller's, with back-off."""
         self.stale_after = stale_after_seconds
+        self.warm_up = warm_up_seconds
         self.client = client or PrometheusConnect(
             url=url, retry=Retry(total=0), timeout=timeout_seconds
         )
@@ -118,7 +124,7 @@ class PrometheusReader:
     def _per_pod(
         self, query: str, pods: Mapping[str, EngineInfo], pod_label: str, by: tuple[str, ...] = ()
     ) -> PerPod:
-        """(values of `by`) -> pod -> value, for fresh pods only."""
+        """(values of `by`) -> pod -> value, for the fresh, warm pods in `pods` only."""
         out: PerPod = {}
         for r in self._query(query):
             pod = r["metric"].get(pod_label)
@@ -128,9 +134,13 @@ class PrometheusReader:
         return out
 
     def engines(self, selector: Selector) -> dict[str, EngineInfo]:
-        """Pod -> info for the engines scraped within `stale_after_seconds`."""
+        """Pod -> info for the warm engines scraped within `stale_after_seconds`."""
+        info = f"{c.ENGINE_INFO}{selector.matchers()}"
+        query = f"timestamp({info})"
+        if self.warm_up > 0:  # and: the engines up then too (matched on all labels but name)
+            query += f" and {info} offset {round(self.warm_up * 1000)}ms"
         found = {}
-        for r in self._query(f"timestamp({c.ENGINE_INFO}{selector.matchers()})"):
+        for r in self._query(query):
             m, (now, scraped) = r["metric"], r["value"]
             age = _number(now, "evaluation time") - _number(scraped, c.ENGINE_INFO)
             pod = m.get(selector.labels.pod)

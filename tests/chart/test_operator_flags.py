@@ -34,7 +34,7 @@ def test_metrics_follow_the_status() -> None:
         },
     }  # fmt: skip
     samples = {f.name: f.samples for f in metrics.families([obj])}
-    assert {f.name for f in metrics.families([])} == set(metrics.ALL_METRICS)
+    assert {f.name for f in metrics.families([])} == set(metrics.STATUS_METRICS)
     (condition,) = samples[metrics.CONDITION]
     assert condition.labels == {
         "namespace": "ns", "specdeployment": "llm", "type": "Degraded", "status": "True",

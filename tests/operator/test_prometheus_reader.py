@@ -1,6 +1,7 @@
 """The Prometheus reader: against the real local Prometheus scraping a real engine pod (one
 SpecDeployment's engines selected by labels, step sums per SKU and mode, traffic, unknown
-never zero), and against a Prometheus that is down or answers garbage."""
+never zero, engines that just started left out), and against a Prometheus that is down or
+answers garbage."""
 
 from __future__ import annotations
 
@@ -41,6 +42,32 @@ def test_matchers_use_the_configured_label_names_and_quote_values() -> None:
     assert default.matchers() == '{namespace="ns-1",app_kubernetes_io_instance="my-sd"}'
     custom = Selector("ns", 'a"b\\c', LabelNames(namespace="kube_ns", instance="job"))
     assert custom.matchers(outcome="ok") == r'{kube_ns="ns",job="a\"b\\c",outcome="ok"}'
+
+
+class Recorded:
+    """A PrometheusConnect that answers every query with `result` and keeps the queries."""
+
+    def __init__(self, result: list[dict[str, Any]]) -> None:
+        self.result, self.queries = result, []
+
+    def custom_query(self, query: str) -> list[dict[str, Any]]:
+        self.queries.append(query)
+        return self.result
+
+
+def test_engines_that_just_started_are_left_out_by_the_query() -> None:
+    """Warm: the info series had a sample `warm_up_seconds` ago too (`and` keeps the left
+    side's timestamps); the real Prometheus runs it in the cluster tests below."""
+    info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
+    client = Recorded([info])
+    reader = PrometheusReader("http://unused", warm_up_seconds=20, client=client)
+    engines = reader.engines(Selector("ns", "sd"))
+    assert engines["e-0"].age_seconds == 5.0
+    info_sel = 'spectune_engine_info{namespace="ns",app_kubernetes_io_instance="sd"}'
+    assert client.queries == [f"timestamp({info_sel}) and {info_sel} offset 20000ms"]
+    cold = Recorded([info])
+    PrometheusReader("http://unused", warm_up_seconds=0, client=cold).engines(Selector("ns", "sd"))
+    assert cold.queries == [f"timestamp({info_sel})"]
 
 
 def test_prometheus_down_is_an_error_not_unknown() -> None:
@@ -191,15 +218,21 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
 
 @pytest.mark.cluster
 @pytest.mark.parametrize(
-    "instance, labels, stale_after",
+    "instance, labels, stale_after, warm_up",
     [
-        ("another-instance", LabelNames(), 30.0),  # nothing matches
-        (INSTANCE, LabelNames(instance="app"), 30.0),  # a label name this setup lacks
-        (INSTANCE, LabelNames(), -1.0),  # every series counts as stale
+        ("another-instance", LabelNames(), 30.0, 15.0),  # nothing matches
+        (INSTANCE, LabelNames(instance="app"), 30.0, 15.0),  # a label name this setup lacks
+        (INSTANCE, LabelNames(), -1.0, 15.0),  # every series counts as stale
+        (INSTANCE, LabelNames(), 30.0, 86400.0),  # every engine counts as just started
     ],
 )
-def test_missing_or_stale_data_is_unknown_not_zero(
-    cluster: Cluster, engine_pod: Any, instance: str, labels: LabelNames, stale_after: float
+def test_missing_stale_or_cold_data_is_unknown_not_zero(
+    cluster: Cluster,
+    engine_pod: Any,
+    instance: str,
+    labels: LabelNames,
+    stale_after: float,
+    warm_up: float,
 ) -> None:
     ns = engine_pod.metadata.namespace
     wait_until(
@@ -207,7 +240,9 @@ def test_missing_or_stale_data_is_unknown_not_zero(
         lambda: PrometheusReader(cluster.prometheus_url).engines(Selector(ns, INSTANCE)),
         timeout=60,
     )
-    reader = PrometheusReader(cluster.prometheus_url, stale_after_seconds=stale_after)
+    reader = PrometheusReader(
+        cluster.prometheus_url, stale_after_seconds=stale_after, warm_up_seconds=warm_up
+    )
     window = reader.read(Selector(ns, instance, labels), WINDOW)
     assert window.engines == {} and window.steps == {} and window.skus == frozenset()
     assert window.traffic == Traffic(seconds=WINDOW)
