@@ -23,12 +23,13 @@ FIELD_MANAGER = "spectune-operator"
 _DYNAMIC = threading.Lock()
 
 
-def dynamic() -> DynamicClient:
-    """One client per process, made under a lock: sync handlers run on several threads, and
-    two clients made at once half-write one discovery cache file (seen: KeyError 'resources'
-    in a first reconcile, retried 60 s later)."""
+def resource(api_version: str, kind: str) -> Resource:
+    """A resource of the one dynamic client, looked up under a lock: sync handlers run on
+    several threads, and discovery writes its cache while it looks up. Two clients made at
+    once, or two lookups at once (two SpecDeployments reconciled together), half-wrote it
+    (seen: KeyError 'resources', the reconcile retried 60 s later)."""
     with _DYNAMIC:
-        return _make_dynamic()
+        return _make_dynamic().resources.get(api_version=api_version, kind=kind)
 
 
 @cache
@@ -44,7 +45,7 @@ def _make_dynamic() -> DynamicClient:
 
 
 def _resource(obj: dict[str, Any]) -> Resource:
-    return dynamic().resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    return resource(obj["apiVersion"], obj["kind"])
 
 
 def resource_version(obj: dict[str, Any]) -> str | None:
@@ -84,14 +85,14 @@ def create_if_absent(obj: dict[str, Any]) -> bool:
 
 def list_pods(namespace: str, label_selector: str) -> list[dict[str, Any]]:
     """The pods matching a selector, as plain dicts."""
-    pods = dynamic().resources.get(api_version="v1", kind="Pod")
+    pods = resource("v1", "Pod")
     return pods.get(namespace=namespace, label_selector=label_selector).to_dict()["items"]
 
 
 def api_available(api_version: str, kind: str) -> bool:
     """Whether the cluster serves this kind (e.g. PodMonitor only with the Prometheus operator)."""
     try:
-        dynamic().resources.get(api_version=api_version, kind=kind)
+        resource(api_version, kind)
     except ResourceNotFoundError:
         return False
     return True
@@ -99,6 +100,6 @@ def api_available(api_version: str, kind: str) -> bool:
 
 def secret_value(namespace: str, name: str, key: str) -> str:
     """One key of a Secret, decoded (the engines' admin token: never log it)."""
-    secrets = dynamic().resources.get(api_version="v1", kind="Secret")
+    secrets = resource("v1", "Secret")
     data = secrets.get(name=name, namespace=namespace).to_dict().get("data") or {}
     return base64.b64decode(data[key]).decode()

@@ -103,7 +103,7 @@ class StatusCollector(Collector):
         self.namespaces = namespaces
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        resource = kube.dynamic().resources.get(api_version=f"{GROUP}/{VERSION}", kind=KIND)
+        resource = kube.resource(f"{GROUP}/{VERSION}", KIND)
         items: list[dict[str, Any]] = []
         for namespace in self.namespaces or [None]:
             items.extend(resource.get(namespace=namespace).to_dict()["items"])
