@@ -19,7 +19,8 @@ real engines at the pods' IPs exactly as they would in a cluster:
 - with --simulate-gpus (or SPECTUNE_SIMULATE_GPUS=1 in its environment), every engine runs on
   a simulated GPU: the SKU of its node's `nvidia.com/gpu.product` label, as a GPU driver makes
   the node's device visible (engine/simulated_device.py), slowed by --simulate-time-scale;
-  a pod annotated `spectune.io/simulate-gpu: "true"` is simulated so even without the flag;
+  a pod annotated `spectune.io/simulate-gpu: "true"` is simulated so even without the flag,
+  and `spectune.io/simulate-time-scale` sets its own clock's slowdown;
   a pod's own SPECTUNE_SIMULATE_* env wins, and a node without the label runs it on the CPU;
 - the pod is Ready only while its engine answers GET /readyz with 200, as a kubelet's readiness
   probe would have it (kwok leaves pods unready): the runner writes the pod's Ready and
@@ -59,6 +60,7 @@ DEFAULT_SELECTOR = "app.kubernetes.io/name=spectune-engine"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 STRIPPED_FLAGS = ("--host", "--port")
 SIMULATE_ANNOTATION = "spectune.io/simulate-gpu"
+TIME_SCALE_ANNOTATION = "spectune.io/simulate-time-scale"
 FIELD_REFS = {
     "metadata.name": lambda pod: pod.metadata.name,
     "metadata.namespace": lambda pod: pod.metadata.namespace,
@@ -138,6 +140,21 @@ def wants_simulation(runner_mode: bool, annotations: dict[str, str] | None) -> b
     """Simulated in the runner's simulated mode, or when the pod opts in by annotation (so one
     test can have GPU-shaped timing on a cluster whose runner runs everything on the CPU)."""
     return runner_mode or (annotations or {}).get(SIMULATE_ANNOTATION) == "true"
+
+
+def time_scale_of(runner_scale: float, annotations: dict[str, str] | None) -> float:
+    """The runner's time scale, or the pod's own: a test that needs many steps in little time
+    runs faster (the modelled step times stay the SKU's; only the wall clock is scaled)."""
+    value = (annotations or {}).get(TIME_SCALE_ANNOTATION)
+    if value is None:
+        return runner_scale
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = 0.0
+    if not scale > 0:
+        raise SkipPod(f"annotation {TIME_SCALE_ANNOTATION}={value!r} is not a positive number")
+    return scale
 
 
 def strip_flags(argv: list[str]) -> list[str]:
@@ -367,7 +384,8 @@ class Runner:
         if not wants_simulation(self.simulate, pod.metadata.annotations) or not pod.spec.node_name:
             return {}
         labels = self.core.read_node(pod.spec.node_name).metadata.labels or {}
-        return simulated_env(labels.get("nvidia.com/gpu.product"), self.time_scale)
+        scale = time_scale_of(self.time_scale, pod.metadata.annotations)
+        return simulated_env(labels.get("nvidia.com/gpu.product"), scale)
 
     def wanted(self) -> dict[str, tuple[EngineSpec, dict[Path, bytes], str, dict[str, Any]]]:
         """Engines that should run now, by pod UID, with their pod's status as the API has it."""

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from tests.cluster.support import REPO
 
 
@@ -136,3 +138,11 @@ def test_a_gpu_node_runs_its_engine_on_the_simulated_sku() -> None:
         "SPECTUNE_SIMULATE_TIME_SCALE": "8",
     }
     assert runner.simulated_env(None, 8.0) == {}  # a node without a GPU: the CPU's own clock
+
+
+def test_a_pod_may_set_its_own_time_scale() -> None:
+    assert runner.time_scale_of(16.0, None) == 16.0
+    assert runner.time_scale_of(16.0, {"spectune.io/simulate-time-scale": "4"}) == 4.0
+    for bad in ("0", "-2", "fast"):
+        with pytest.raises(runner.SkipPod, match="not a positive number"):
+            runner.time_scale_of(16.0, {"spectune.io/simulate-time-scale": bad})

@@ -17,17 +17,20 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from spectune.engine import contract
+from spectune.engine.device_time import LLAMA_8B, SKUS, Setting, analytic_crossover
 from spectune.operator import render
 from spectune.operator.triggers import bucket_steps
+from tests.bench.test_simulated_skus import buckets_apart
 from tests.cluster.support import Cluster, is_loopback, wait_until
 
 from .conftest import RULES, create, get_sd, start_operator, stop
@@ -36,6 +39,7 @@ from .test_operator_cluster import all_ready, sd_condition
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
+A100 = "NVIDIA-A100-SXM4-40GB"
 PORT = 8000
 START = 1  # the spec's start value: far below any crossover the engines can show
 WINDOW = 30  # tuning.calibrationWindowSeconds
@@ -93,24 +97,38 @@ def tuner(cluster: Cluster, admin: client.ApiClient, tmp_path_factory) -> Iterat
 
 
 class Load:
-    """Closed-loop clients against the pods' engines, bounded in requests and time."""
+    """Closed-loop clients against the pods' engines, bounded in requests and time: `clients`
+    of them, or as many as `clients(seconds since the start)` says at each moment."""
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        clients: int | Callable[[float], int] = CLIENTS,
+        seconds: float = LOAD_SECONDS,
+        temperature: float = 0.0,
+    ) -> None:
         self.urls, self.sent, self.failed = urls, 0, 0
+        self.temperature = temperature
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.deadline = time.monotonic() + LOAD_SECONDS
-        self.threads = [threading.Thread(target=self.client, args=(i,)) for i in range(CLIENTS)]
+        self.started = time.monotonic()
+        self.deadline = self.started + seconds
+        self.active = clients if callable(clients) else lambda _: clients
+        most = clients if isinstance(clients, int) else max(clients(t) for t in range(int(seconds)))
+        self.threads = [threading.Thread(target=self.client, args=(i,)) for i in range(most)]
 
     def client(self, i: int) -> None:
         while not self.stop.is_set() and time.monotonic() < self.deadline:
+            if i >= self.active(time.monotonic() - self.started):
+                self.stop.wait(0.5)
+                continue
             with self.lock:
                 if self.sent >= MAX_REQUESTS:
                     return
                 self.sent += 1
                 n, url = self.sent, self.urls[self.sent % len(self.urls)]
             body = {"model": "tiny-target", "prompt": PROMPTS[(n + i) % len(PROMPTS)],
-                    "max_tokens": 48, "temperature": 0}  # fmt: skip
+                    "max_tokens": 48, "temperature": self.temperature}  # fmt: skip
             request = urllib.request.Request(
                 f"{url}/v1/completions", json.dumps(body).encode(),
                 {"Content-Type": "application/json"},
@@ -267,9 +285,6 @@ def test_pod_runner_simulates_a_pod_that_opts_in() -> None:
     assert runner.wants_simulation(True, None)
 
 
-A100 = "NVIDIA-A100-SXM4-40GB"
-
-
 def test_a_gpu_sku_change_recalibrates_on_the_new_sku(
     cluster: Cluster, admin: client.ApiClient, tuner: str
 ) -> None:
@@ -309,3 +324,87 @@ def test_a_gpu_sku_change_recalibrates_on_the_new_sku(
         print(f"\nSKU trigger and A100 calibration after {time.monotonic() - began:.0f}s: "
               f"{message}; {a100}")  # fmt: skip
     assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
+
+
+def stepped(levels: tuple[int, ...], seconds: float) -> Callable[[float], int]:
+    """Clients stepping through `levels`, `seconds` at each, round and round: the running
+    batch dwells in each level's bucket in turn, so both sides of a crossover get samples."""
+    return lambda t: levels[int(t // seconds) % len(levels)]
+
+
+def test_auto_lands_on_the_crossover_the_device_model_predicts(
+    cluster: Cluster, admin: client.ApiClient, tuner: str
+) -> None:
+    """n-gram lookup with k=16 on a simulated A100 under sampled traffic (few drafted tokens
+    accepted) crosses at a batch this machine's traffic reaches. The operator's measured
+    crossover is within one batch bucket of the device model's for what the engine ran (the
+    tokens it drafted and committed per spec step, from its own counters), and every engine
+    runs the threshold. The pod's clock runs 4x slower than the SKU (the runner's default is
+    16): the modelled step times are the same, and each bucket gets its samples sooner."""
+    namespace, name = tuner, "on-model"
+    body = auto_sd(name)
+    spec = body["spec"]
+    spec["engine"] |= {
+        "nodeSelector": {"nvidia.com/gpu.product": A100},
+        "podAnnotations": {"spectune.io/simulate-gpu": "true",
+                           "spectune.io/simulate-time-scale": "4"},
+        "maxBatchSize": 96,
+    }  # fmt: skip
+    spec["speculation"] |= {"numSpeculativeTokens": 16}
+    spec["speculation"]["threshold"]["max"] = 96
+    spec["tuning"]["calibrationWindowSeconds"] = 90
+    began = time.monotonic()
+    create(admin, namespace, body)
+    pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, name, 1), timeout=120)
+    (url,) = urls(pods)
+    with Load([url], stepped((16, 28, 44, 80), 15), seconds=240, temperature=1.0) as load:
+        wait_until(
+            "Calibrated=True",
+            lambda: (
+                sd_condition(admin, namespace, name, "Calibrated").get("status") == "True" or None
+            ),
+            timeout=200,
+        )
+        truth = analytic_for(url, "A100", k=16)
+    assert simulated(cluster, namespace)
+    status = get_sd(admin, namespace, name)["status"]
+    (a100,) = status["perSku"]
+    print(f"\ncalibrated after {time.monotonic() - began:.0f}s: {a100}; model: {truth:.1f}")
+    assert a100["sku"] == A100 and a100.get("batchSize") is not None, a100
+    assert buckets_apart(a100["batchSize"], truth) <= 1, (a100, truth)
+    assert status["threshold"]["current"] == a100["threshold"] > START
+    assert speculation(url)["threshold"] == a100["threshold"]
+    assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
+
+
+def analytic_for(url: str, sku: str, k: int, context: int = 64) -> float:
+    """The device model's crossover for what an n-gram engine ran, from its /metrics: tokens
+    committed and drafted per sequence per spec step, each spec step's batch taken as the mean
+    batch of its bucket's plain steps (a plain step commits one token per sequence). Prompts and
+    outputs here are short; the context moves this crossover by under 2% up to 128 tokens."""
+    with HTTP.open(f"{url}/metrics", timeout=5) as r:
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+
+    def by_key(family: str, suffix: str) -> dict[tuple[str, int], float]:
+        return {
+            (s.labels["mode"], int(s.labels["batch"])): s.value
+            for s in families[family].samples
+            if s.name == family + suffix
+        }
+
+    steps = by_key(contract.STEP_SECONDS, "_count")
+    tokens = by_key(contract.STEP_OUTPUT_TOKENS.removesuffix("_total"), "_total")
+    mean_batch = {b: tokens[m, b] / n for (m, b), n in steps.items() if m == "plain" and n}
+    seq_steps = sum(n * mean_batch.get(b, b) for (m, b), n in steps.items() if m == "spec")
+    committed = sum(v for (m, _), v in tokens.items() if m == "spec")
+    drafted = next(
+        s.value
+        for s in families[contract.SPEC_DRAFT_TOKENS.removesuffix("_total")].samples
+        if s.name == contract.SPEC_DRAFT_TOKENS
+    )
+    found = analytic_crossover(
+        Setting(SKUS[sku], LLAMA_8B, None, k, 0.0, context,
+                tokens=committed / seq_steps, verified=drafted / seq_steps)
+    )  # fmt: skip
+    assert found is not None
+    return found
