@@ -32,6 +32,7 @@ from spectune.operator.triggers import (
     clamp,
     compare_goodput,
     damp,
+    queueing_warning,
     replicas_changed,
     skus_changed,
     spec_changed,
@@ -318,8 +319,10 @@ def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: Fl
     if before is None:
         return _finish(state, obs.now, Event("ThresholdVerified", "no traffic before the change"))
     check = compare_goodput(before, window.traffic)
+    queueing = queueing_warning(before, window.traffic)
+    warned = (Event("SpeculationQueueing", queueing, warning=True),) if queueing else ()
     if check.verdict != "roll_back":
-        return _finish(state, obs.now, Event("ThresholdVerified", check.message))
+        return _finish(state, obs.now, *warned, Event("ThresholdVerified", check.message))
     previous = tuple(cal.previous)
     main = max(previous, key=lambda s: (s.pods, s.sku)) if previous else None
     rolled = State(
@@ -331,7 +334,8 @@ def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: Fl
         calibration=cal.model_copy(update={"changedAt": _iso(obs.now)}),
     )
     back = ", ".join(f"{s.sku} {s.threshold}" for s in previous)
-    return _finish(rolled, obs.now, Event("RolledBack", f"{check.message}: back to {back}", True))
+    rolled_back = Event("RolledBack", f"{check.message}: back to {back}", warning=True)
+    return _finish(rolled, obs.now, *warned, rolled_back)
 
 
 def calibrated(spec: SpecDeploymentSpec, state: State) -> tuple[bool, str, str]:

@@ -191,8 +191,13 @@ class PrometheusReader:
             values = [v for per_pod in per.values() for v in per_pod.values()]
             return sum(values) if values else None
 
-        running_query = f"avg_over_time({c.NUM_REQUESTS_RUNNING}{sel}{w})"
-        running = self._per_pod(running_query, pods, pod).get((), {})
+        def mean_gauge(metric: str) -> dict[str, float]:
+            return self._per_pod(f"avg_over_time({metric}{sel}{w})", pods, pod).get((), {})
+
+        running = mean_gauge(c.NUM_REQUESTS_RUNNING)
+        admitted = mean_gauge(c.ADMITTED_CONCURRENCY)
+        e2e = {le: sum(per_pod.values()) for (le,), per_pod in
+               increase(f"{c.E2E_REQUEST_LATENCY}_bucket", by=("le",)).items()}  # fmt: skip
         traffic = Traffic(
             seconds=float(window_seconds),
             requests=total(increase(c.REQUESTS)),
@@ -203,8 +208,30 @@ class PrometheusReader:
             drafted_tokens=total(increase(c.SPEC_DRAFT_TOKENS)),
             accepted_tokens=total(increase(c.SPEC_ACCEPTED_TOKENS)),
             mean_running=sum(running.values()) / len(running) if running else None,
+            admitted_concurrency=sum(admitted.values()) if admitted else None,
+            e2e_p95_seconds=bucket_quantile(0.95, e2e),
+            inter_token_seconds=total(increase(f"{c.INTER_TOKEN_LATENCY}_sum")),
+            inter_tokens=total(increase(f"{c.INTER_TOKEN_LATENCY}_count")),
         )
         return FleetWindow(engines=pods, steps=steps, traffic=traffic)
+
+
+def bucket_quantile(q: float, buckets: Mapping[str, float]) -> float | None:
+    """The q-quantile of a histogram from its cumulative bucket counts by `le` bound, as
+    PromQL's histogram_quantile interpolates it (linearly within the bucket it falls in; the
+    +Inf bucket gives the largest finite bound). None without observations."""
+    ordered = sorted((float(le), n) for le, n in buckets.items())
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    rank = q * ordered[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in ordered:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = bound, count
+    return lower
 
 
 def _number(value: Any, what: str) -> float:

@@ -44,6 +44,10 @@ class Traffic:
     drafted_tokens: float | None = None
     accepted_tokens: float | None = None
     mean_running: float | None = None  # running batch, averaged over time and pods
+    admitted_concurrency: float | None = None  # full-context sequences KV admits, all pods
+    e2e_p95_seconds: float | None = None  # end-to-end request latency, 95th percentile
+    inter_token_seconds: float | None = None  # summed gaps between streamed tokens
+    inter_tokens: float | None = None  # how many gaps
 
     @property
     def request_rate(self) -> float | None:
@@ -66,6 +70,10 @@ class Traffic:
     @property
     def tokens_per_busy_second(self) -> float | None:
         return _ratio(self.decode_tokens, self.busy_seconds)
+
+    @property
+    def mean_inter_token_seconds(self) -> float | None:
+        return _ratio(self.inter_token_seconds, self.inter_tokens)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -234,6 +242,28 @@ Verdict = Literal["keep", "roll_back", "unknown"]
 class GoodputCheck:
     verdict: Verdict
     message: str
+
+
+def queueing_warning(before: Traffic, after: Traffic, tolerance: float = 0.1) -> str | None:
+    """Speculation's memory bill: the draft's KV cache and the drafted positions take blocks,
+    so fewer sequences are admitted; once that makes requests queue, end-to-end latency rises
+    while each token comes faster, and token-level metrics hide what users feel. None unless
+    admitted concurrency fell and p95 end-to-end latency rose (each beyond `tolerance`) while
+    the mean inter-token latency fell."""
+    a0, a1 = before.admitted_concurrency, after.admitted_concurrency
+    p0, p1 = before.e2e_p95_seconds, after.e2e_p95_seconds
+    i0, i1 = before.mean_inter_token_seconds, after.mean_inter_token_seconds
+    if None in (a0, a1, p0, p1, i0, i1):
+        return None
+    assert a0 is not None and a1 is not None and p0 is not None and p1 is not None
+    assert i0 is not None and i1 is not None
+    if not (a1 < a0 * (1 - tolerance) and p1 > p0 * (1 + tolerance) and i1 < i0):
+        return None
+    return (
+        f"admitted concurrency fell from {a0:.0f} to {a1:.0f} and p95 end-to-end latency rose "
+        f"from {p0:.2f} s to {p1:.2f} s while inter-token latency improved ({i0 * 1000:.0f} -> "
+        f"{i1 * 1000:.0f} ms): speculation's KV memory is making requests queue"
+    )
 
 
 def compare_goodput(

@@ -6,6 +6,7 @@ damped."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -198,6 +199,23 @@ def test_a_goodput_drop_beyond_noise_rolls_back() -> None:
     assert rolled.state.threshold.current == 4
     assert engine_settings(s, rolled.state, H100) == (4, 2)
     assert rolled.state.calibration.phase == "Idle"
+
+
+def test_a_change_that_makes_requests_queue_is_verified_with_a_warning() -> None:
+    s = spec()
+    calm = dataclasses.replace(
+        traffic(), admitted_concurrency=64, e2e_p95_seconds=4.0,
+        inter_token_seconds=200.0, inter_tokens=5000,
+    )  # fmt: skip
+    queued = dataclasses.replace(
+        calm, admitted_concurrency=40, e2e_p95_seconds=6.5, inter_token_seconds=120.0
+    )
+    state = step(s, fresh(s), observe(0, window(load=calm))).state
+    state = step(s, state, observe(30, window({H100: curve(12)}, load=calm))).state
+    verified = step(s, state, observe(30 + WINDOW, window({H100: curve(12)}, load=queued)))
+    assert reasons(verified) == ["SpeculationQueueing", "ThresholdVerified"]
+    assert verified.events[0].warning and "making requests queue" in verified.events[0].message
+    assert verified.state.threshold.current == 12  # a warning, not a verdict
 
 
 def measured(s, crossover: float = 12) -> State:

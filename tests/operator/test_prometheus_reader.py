@@ -20,12 +20,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from spectune.engine import contract
 from spectune.operator.prometheus import (
     FleetWindow,
     LabelNames,
     PrometheusReader,
     PrometheusUnavailable,
     Selector,
+    bucket_quantile,
 )
 from spectune.operator.triggers import Traffic
 from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback, wait_until
@@ -214,6 +216,17 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
     assert t.decode_tokens == pytest.approx(sum(s.tokens for s in stats.values()), rel=0.01)
     assert t.busy_seconds == pytest.approx(sum(s.seconds for s in stats.values()))
     assert t.mean_running is not None and t.mean_running >= 0
+    assert t.admitted_concurrency is not None and t.admitted_concurrency >= 1
+    assert t.mean_inter_token_seconds is not None and t.mean_inter_token_seconds > 0
+    # the p95 computed here from the bucket sums is what Prometheus' own histogram_quantile
+    # says over the same window (one engine: no cross-pod summing to differ)
+    real = cluster.prometheus(
+        "/api/v1/query",
+        query=f"histogram_quantile(0.95, sum by (le) (increase("
+        f"{contract.E2E_REQUEST_LATENCY}_bucket{mine.matchers()}[{WINDOW}s])))",
+    )["result"]
+    again = reader.read(mine, WINDOW).traffic.e2e_p95_seconds
+    assert again is not None and again == pytest.approx(float(real[0]["value"][1]), rel=0.05)
 
 
 @pytest.mark.cluster
@@ -247,3 +260,13 @@ def test_missing_stale_or_cold_data_is_unknown_not_zero(
     assert window.engines == {} and window.steps == {} and window.skus == frozenset()
     assert window.traffic == Traffic(seconds=WINDOW)
     assert window.traffic.request_rate is None and window.traffic.acceptance is None
+
+
+def test_bucket_quantile_interpolates_as_histogram_quantile_does() -> None:
+    buckets = {"0.1": 10.0, "0.5": 50.0, "1": 90.0, "+Inf": 100.0}
+    assert bucket_quantile(0.2, buckets) == pytest.approx(0.2)  # 0.1 + 0.4 * 10/40
+    assert bucket_quantile(0.5, buckets) == pytest.approx(0.5)
+    assert bucket_quantile(0.05, buckets) == pytest.approx(0.05)  # from 0 within the first
+    assert bucket_quantile(0.95, buckets) == 1.0  # in +Inf: the largest finite bound
+    assert bucket_quantile(0.95, {"0.1": 0.0, "+Inf": 0.0}) is None
+    assert bucket_quantile(0.95, {}) is None

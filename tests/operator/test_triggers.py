@@ -18,6 +18,7 @@ from spectune.operator.triggers import (
     clamp,
     compare_goodput,
     damp,
+    queueing_warning,
     replicas_changed,
     skus_changed,
     spec_changed,
@@ -250,3 +251,24 @@ def test_incomparable_windows_are_unknown() -> None:
     assert compare_goodput(Traffic(WINDOW), goodput(600, 500)).verdict == "unknown"
     no_measure = Traffic(WINDOW, requests=600)
     assert compare_goodput(no_measure, goodput(600, 500)).verdict == "unknown"
+
+
+def latency(admitted: float, p95: float, itl_ms: float) -> Traffic:
+    return Traffic(
+        seconds=WINDOW, admitted_concurrency=admitted, e2e_p95_seconds=p95,
+        inter_token_seconds=itl_ms / 1000 * 5000, inter_tokens=5000,
+    )  # fmt: skip
+
+
+def test_queueing_from_speculations_memory_is_named_only_when_all_three_signals_agree() -> None:
+    before = latency(admitted=64, p95=4.0, itl_ms=40)
+    warning = queueing_warning(before, latency(admitted=40, p95=6.0, itl_ms=25))
+    assert warning is not None
+    assert "64 to 40" in warning and "4.00 s to 6.00 s" in warning and "40 -> 25 ms" in warning
+    for after in (
+        latency(admitted=62, p95=6.0, itl_ms=25),  # concurrency within the tolerance
+        latency(admitted=40, p95=4.2, itl_ms=25),  # latency within it
+        latency(admitted=40, p95=6.0, itl_ms=45),  # tokens slower too: not speculation's bill
+        Traffic(seconds=WINDOW),  # unknown is not evidence
+    ):
+        assert queueing_warning(before, after) is None, after
