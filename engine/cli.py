@@ -173,6 +173,12 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
         default=("never", "always", "gated"),
         help="never,always,gated (default) or current (a server as configured)",
     )
+    bench.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of the load's requests (default 0: greedy)",
+    )
     bench.add_argument("--seed", type=int, default=0)
     _simulation_flags(bench)
     _trace_flags(bench)
@@ -317,6 +323,7 @@ def _bench_settings(args: argparse.Namespace):
         prompts_file=args.prompts,
         prompt_len=args.prompt_len,
         output_lengths=args.output_tokens,
+        temperature=args.temperature,
         slo=Slo(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms),
         threshold=args.threshold,
         policies=args.policies,

@@ -108,6 +108,7 @@ class BenchSettings:
     prompts_file: Path | None = None
     prompt_len: int = 64
     output_lengths: str = "64"
+    temperature: float = 0.0  # of every load-level request
     slo: Slo = field(default_factory=lambda: Slo(ttft_ms=1000, tpot_ms=100))
     threshold: int | None = None  # gate here instead of at the measured crossover
     policies: tuple[str, ...] = ("never", "always", "gated")
@@ -168,6 +169,10 @@ def check(settings: BenchSettings) -> None:
             sku_named(s.simulate_device)
         except ValueError as err:
             raise BenchError(str(err)) from None
+    if not 0 <= s.temperature <= 100:
+        raise BenchError(f"--temperature must be in [0, 100], got {s.temperature:g}")
+    if s.trace and s.temperature:
+        raise BenchError("--temperature applies to load levels; a trace replay is greedy")
     if not s.simulate_time_scale > 0:
         raise BenchError(f"--simulate-time-scale must be > 0, got {s.simulate_time_scale:g}")
 
@@ -425,7 +430,9 @@ async def _measure_load(
     for turn in range(s.rounds):
         for share in turn_order(shares, turn):
             requests = random.Random(f"{seed}/{turn}/requests")
-            specs = request_stream(_rotated(state.prompts, requests), lengths, requests)
+            specs = request_stream(
+                _rotated(state.prompts, requests), lengths, requests, s.temperature
+            )
             arrivals = random.Random(f"{seed}/{turn}/arrivals")
             await _take_turn(state, target, share, load, specs, arrivals)
             if not any(r.ok for r in share.results):

@@ -79,7 +79,9 @@ class EngineTarget:
 
     async def stream(self, spec: RequestSpec) -> AsyncIterator[Output | Finished]:
         ids = self.engine.tokenizer.encode(spec.prompt).ids
-        params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=spec.max_tokens, temperature=spec.temperature, ignore_eos=True
+        )
         submit = asyncio.ensure_future(self.loop.submit(ids, params))
         try:
             stream = await asyncio.shield(submit)
@@ -201,7 +203,7 @@ class HttpTarget:
             "model": self.model,
             "prompt": spec.prompt,
             "max_tokens": spec.max_tokens,
-            "temperature": 0,
+            "temperature": spec.temperature,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},

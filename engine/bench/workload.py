@@ -21,6 +21,7 @@ class BenchError(ValueError):
 class RequestSpec:
     prompt: str
     max_tokens: int
+    temperature: float = 0.0  # 0: greedy; sampled text accepts fewer drafted tokens
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,9 @@ def _prompt(path: Path, number: int, line: str) -> Prompt:
 
 
 def request_stream(
-    prompts: list[Prompt], lengths: OutputLengths, rng: random.Random
+    prompts: list[Prompt], lengths: OutputLengths, rng: random.Random, temperature: float = 0.0
 ) -> Iterator[RequestSpec]:
     """Endless requests cycling through the prompts, each with its output length."""
     while True:
         for p in prompts:
-            yield RequestSpec(p.text, p.max_tokens or lengths.sample(rng))
+            yield RequestSpec(p.text, p.max_tokens or lengths.sample(rng), temperature)

@@ -111,3 +111,31 @@ def test_a_trace_replay_against_a_url(served: Served, tmp_path: Path, capsys) ->
     assert (trace.max_model_len, run.total.policy, run.total.ok) == (256, "current", 8)
     assert {tuple(w.thresholds) for w in run.windows} == {(6,)}
     assert run.total.mean_batch is not None  # from /metrics
+
+
+def test_sampled_requests_reach_the_server_as_sampled(tmp_path: Path) -> None:
+    """--temperature goes into every request: n-gram lookup proposes the continuation the
+    text already had, which greedy decoding of this model often repeats and sampling at a high
+    temperature rarely does, so the same prompts accept far fewer drafted tokens sampled."""
+    config = {"model": "tiny-target", "method": "ngram", "max_model_len": 256,
+              "speculation": {"k": 4}}  # fmt: skip
+    (tmp_path / "ngram").mkdir()
+    server = start_server(tmp_path / "ngram", config)
+    acceptance = {}
+    try:
+        for t in ("0", "1.5"):
+            out = tmp_path / t
+            assert bench(out, "--url", server.url, "--concurrency", "4", "--requests", "16",
+                         "--output-tokens", "24", "--policies", "current",
+                         "--temperature", t) == 0  # fmt: skip
+            (level,) = result(out).load_sweep.levels
+            acceptance[t] = level.acceptance
+    finally:
+        stop_server(server)
+    assert acceptance["0"] is not None and acceptance["1.5"] is not None
+    assert acceptance["1.5"] < acceptance["0"] / 2, acceptance
+
+
+def test_a_temperature_out_of_range(tmp_path: Path, capsys) -> None:
+    assert bench(tmp_path, "--temperature", "-1") != 0
+    assert "--temperature must be in [0, 100], got -1" in error_line(capsys)
