@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-40GB"
+L4 = "NVIDIA-L4"
 PORT = 8000
 START = 1  # the spec's start value: far below any crossover the engines can show
 WINDOW = 30  # tuning.calibrationWindowSeconds
@@ -332,51 +333,6 @@ def stepped(levels: tuple[int, ...], seconds: float) -> Callable[[float], int]:
     return lambda t: levels[int(t // seconds) % len(levels)]
 
 
-def test_auto_lands_on_the_crossover_the_device_model_predicts(
-    cluster: Cluster, admin: client.ApiClient, tuner: str
-) -> None:
-    """n-gram lookup with k=16 on a simulated A100 under sampled traffic (few drafted tokens
-    accepted) crosses at a batch this machine's traffic reaches. The operator's measured
-    crossover is within one batch bucket of the device model's for what the engine ran (the
-    tokens it drafted and committed per spec step, from its own counters), and every engine
-    runs the threshold. The pod's clock runs 4x slower than the SKU (the runner's default is
-    16): the modelled step times are the same, and each bucket gets its samples sooner."""
-    namespace, name = tuner, "on-model"
-    body = auto_sd(name)
-    spec = body["spec"]
-    spec["engine"] |= {
-        "nodeSelector": {"nvidia.com/gpu.product": A100},
-        "podAnnotations": {"spectune.io/simulate-gpu": "true",
-                           "spectune.io/simulate-time-scale": "4"},
-        "maxBatchSize": 96,
-    }  # fmt: skip
-    spec["speculation"] |= {"numSpeculativeTokens": 16}
-    spec["speculation"]["threshold"]["max"] = 96
-    spec["tuning"]["calibrationWindowSeconds"] = 90
-    began = time.monotonic()
-    create(admin, namespace, body)
-    pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, name, 1), timeout=120)
-    (url,) = urls(pods)
-    with Load([url], stepped((16, 28, 44, 80), 15), seconds=240, temperature=1.0) as load:
-        wait_until(
-            "Calibrated=True",
-            lambda: (
-                sd_condition(admin, namespace, name, "Calibrated").get("status") == "True" or None
-            ),
-            timeout=200,
-        )
-        truth = analytic_for(url, "A100", k=16)
-    assert simulated(cluster, namespace)
-    status = get_sd(admin, namespace, name)["status"]
-    (a100,) = status["perSku"]
-    print(f"\ncalibrated after {time.monotonic() - began:.0f}s: {a100}; model: {truth:.1f}")
-    assert a100["sku"] == A100 and a100.get("batchSize") is not None, a100
-    assert buckets_apart(a100["batchSize"], truth) <= 1, (a100, truth)
-    assert status["threshold"]["current"] == a100["threshold"] > START
-    assert speculation(url)["threshold"] == a100["threshold"]
-    assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
-
-
 def analytic_for(url: str, sku: str, k: int, context: int = 64) -> float:
     """The device model's crossover for what an n-gram engine ran, from its /metrics: tokens
     committed and drafted per sequence per spec step, each spec step's batch taken as the mean
@@ -408,3 +364,69 @@ def analytic_for(url: str, sku: str, k: int, context: int = 64) -> float:
     )  # fmt: skip
     assert found is not None
     return found
+
+
+def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
+    cluster: Cluster, admin: client.ApiClient, tuner: str
+) -> None:
+    """No nodeSelector and five GPUs per pod: four replicas fill the four 8-GPU nodes, two H100,
+    an A100 and an L4, as a fleet in mid-migration would. Curves are grouped by the engines'
+    `device`. The A100 pod gets traffic whose batch crosses its crossover: n-gram lookup with
+    k=16 under sampled traffic (few drafted tokens accepted) crosses where this machine's load
+    reaches, and the measured crossover is within one batch bucket of the device model's for
+    what the engine ran (tokens drafted and committed per spec step, from its own counters).
+    The others get light traffic, so their thresholds differ, and each pod runs its own SKU's.
+    The pods' clocks run 4x slower than the SKU (the runner's default is 16): the modelled
+    step times are the same, and each bucket gets its samples sooner."""
+    namespace, name = tuner, "mixed"
+    body = auto_sd(name)
+    spec = body["spec"]
+    spec["replicas"] = 4
+    spec["engine"] |= {
+        "gpus": 5,
+        "nodeSelector": {},
+        "podAnnotations": {"spectune.io/simulate-gpu": "true",
+                           "spectune.io/simulate-time-scale": "4"},
+        "maxBatchSize": 96,
+    }  # fmt: skip
+    spec["speculation"] |= {"numSpeculativeTokens": 16}
+    spec["speculation"]["threshold"]["max"] = 96
+    spec["tuning"]["calibrationWindowSeconds"] = 120
+    create(admin, namespace, body)
+    pods = wait_until("4 ready engines", lambda: all_ready(admin, namespace, name, 4), 150)
+    nodes = client.CoreV1Api(admin).list_node().items
+    product = {n.metadata.name: n.metadata.labels["nvidia.com/gpu.product"] for n in nodes}
+    sku_of = {url: product[p.spec.node_name] for url, p in zip(urls(pods), pods, strict=True)}
+    assert sorted(sku_of.values()) == sorted([A100, H100, H100, L4]), sku_of
+    (a100_url,) = [u for u, s in sku_of.items() if s == A100]
+    others = [u for u in sku_of if u != a100_url]
+    # batches in buckets 16, 24, 32 and 48, 10 s at each, round and round: each bucket gets
+    # its samples in both modes within the window even on a busy machine
+    stepping = stepped((16, 28, 44, 64), 10)
+    with (
+        Load([a100_url], stepping, seconds=300, temperature=1.0) as busy,
+        Load(others, 6, seconds=300, temperature=1.0) as light,
+    ):
+        wait_until(
+            "Calibrated=True",
+            lambda: (
+                sd_condition(admin, namespace, name, "Calibrated").get("status") == "True" or None
+            ),
+            timeout=240,
+        )
+        truth = analytic_for(a100_url, "A100", k=16)
+        assert simulated(cluster, namespace)
+        status = get_sd(admin, namespace, name)["status"]
+        per_sku = {s["sku"]: s for s in status["perSku"]}
+        print(f"\nper SKU: {per_sku}; A100 model: {truth:.1f}")
+        assert {s: e["pods"] for s, e in per_sku.items()} == {A100: 1, H100: 2, L4: 1}
+        assert per_sku[A100].get("batchSize") is not None, per_sku[A100]
+        assert buckets_apart(per_sku[A100]["batchSize"], truth) <= 1, (per_sku[A100], truth)
+        assert per_sku[A100]["threshold"] > START
+        assert per_sku[A100]["threshold"] < per_sku[H100]["threshold"], per_sku
+        for url, sku in sku_of.items():
+            assert speculation(url)["threshold"] == per_sku[sku]["threshold"], (url, sku)
+        # the ConfigMap (a restarted pod's start) carries the SKU most pods run on
+        assert status["threshold"]["current"] == per_sku[H100]["threshold"]
+    for load in (busy, light):
+        assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
