@@ -1,0 +1,310 @@
+"""Goodput of the threshold Auto measures against fixed thresholds, on the same traffic
+(issue 13, "Must show" 2; recorded in docs/PERFORMANCE.md).
+
+On the running local cluster (`make cluster-up`): the operator calibrates an Auto
+SpecDeployment on a simulated A100 (n-gram lookup, k=16, sampled requests: a crossover the
+load of this machine reaches) under closed-loop load stepping through 16/28/44/64 clients.
+The deployment is then pinned (Manual, at the measured value, so the operator stops pushing)
+and each policy (the measured threshold, never, always, and fixed thresholds) serves the same
+load levels in turns through the engine's admin API, the order rotating between rounds.
+Goodput is SLO-met requests per second. Simulated clock: the numbers are the device model's
+A100, slowed `--time-scale` times, not this CPU's. They hold only while the CPU keeps up with
+that clock, so the engine's overruns are counted and printed (at 4x, k=16 spec steps overran
+about twice a second, which slowed the speculating policies against plain decoding).
+
+Usage: .venv/bin/python benchmarks/autotune_goodput.py [--levels 16,64] [--fixed 48]
+       [--seconds 40] [--rounds 2] [--time-scale 16] [--out .cache/autotune-goodput]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import itertools
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from spectune.engine import contract
+from spectune.engine.bench.loadgen import Bounds, Load, run_level, summarize
+from spectune.engine.bench.schema import LevelResult, Slo
+from spectune.engine.bench.targets import HttpTarget
+from spectune.engine.bench.workload import parse_lengths, request_stream, shipped_prompts
+from spectune.operator import render
+
+REPO = Path(__file__).resolve().parents[1]
+CALIBRATION_LEVELS = (16, 28, 44, 64)
+TEMPERATURE, OUTPUT_TOKENS, PORT = 1.0, "48", 8000
+GROUP, VERSION, PLURAL = "spectune.io", "v1alpha1", "specdeployments"
+
+
+def slo(time_scale: float) -> Slo:
+    """A modelled 2 s to the first token and 40 ms per token, on the slowed wall clock."""
+    return Slo(ttft_ms=round(2000 * time_scale), tpot_ms=round(40 * time_scale))
+
+
+def specdeployment(name: str, time_scale: float) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SpecDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "model": {"name": "tiny-target"},
+            "engine": {
+                "gpus": 1,
+                "maxBatchSize": 96,
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"},
+                "podAnnotations": {
+                    "spectune.io/simulate-gpu": "true",
+                    "spectune.io/simulate-time-scale": f"{time_scale:g}",
+                },
+            },
+            "speculation": {
+                "method": "ngram",
+                "numSpeculativeTokens": 16,
+                "threshold": {"mode": "Auto", "value": 1, "min": 1, "max": 96},
+            },
+            "slo": {
+                "ttftMilliseconds": slo(time_scale).ttft_ms,
+                "tpotMilliseconds": slo(time_scale).tpot_ms,
+            },
+            "tuning": {"calibrationWindowSeconds": round(30 * time_scale), "minDwellSeconds": 0},
+        },
+    }
+
+
+def cluster_env() -> dict[str, str]:
+    path = REPO / ".local" / "cluster.env"
+    if not path.exists():
+        sys.exit("autotune_goodput: no local cluster: run `make cluster-up` first")
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def wait(what: str, probe: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := probe():
+            return value
+        time.sleep(1)
+    sys.exit(f"autotune_goodput: timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Setup:
+    """A namespace, a SpecDeployment and an operator watching it; all removed on exit."""
+
+    def __init__(self, env: dict[str, str], log: Path, time_scale: float) -> None:
+        config.load_kube_config(env["SPECTUNE_KUBECONFIG"])
+        self.core, self.custom = client.CoreV1Api(), client.CustomObjectsApi()
+        self.namespace = self.peering = f"autotune-goodput-{uuid.uuid4().hex[:6]}"
+        self.name = "bench"
+        self.core.create_namespace({"metadata": {"name": self.namespace}})
+        self.custom.create_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings",
+            {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+             "metadata": {"name": self.peering}},
+        )  # fmt: skip
+        self.operator = subprocess.Popen(
+            [sys.executable, "-m", "spectune.operator.cli", "run", "--namespace", self.namespace,
+             "--peering", self.peering, "--prometheus-url", env["SPECTUNE_PROMETHEUS_URL"],
+             "--liveness", "http://127.0.0.1:8299/healthz"],
+            env=os.environ | {"KUBECONFIG": env["SPECTUNE_KUBECONFIG"]},
+            stdout=log.open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, specdeployment(self.name, time_scale)
+        )
+
+    def status(self) -> dict[str, Any]:
+        sd = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name
+        )
+        return sd.get("status") or {}
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        return next((c for c in self.status().get("conditions", []) if c["type"] == kind), {})
+
+    def pod_url(self) -> str | None:
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector=render.selector_string(self.name)
+        ).items
+        ready = [
+            p for p in pods
+            if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        ]  # fmt: skip
+        if len(ready) != 1 or not ready[0].status.pod_ip.startswith("127."):
+            return None
+        return f"http://{ready[0].status.pod_ip}:{PORT}"
+
+    def token(self) -> str:
+        secret = self.core.read_namespaced_secret(
+            render.child_names(self.name)["token"], self.namespace
+        )
+        return base64.b64decode(secret.data[render.TOKEN_KEY]).decode()
+
+    def pin(self, threshold: int) -> None:
+        """Manual at the measured value: the operator stops pushing thresholds."""
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name,
+            {"spec": {"speculation": {"threshold": {"mode": "Manual", "value": threshold}}}},
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.operator.send_signal(signal.SIGINT)
+        try:
+            self.operator.wait(20)
+        except subprocess.TimeoutExpired:
+            self.operator.kill()
+        self.core.delete_namespace(self.namespace)
+        self.custom.delete_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", self.peering
+        )
+
+
+async def level(target: HttpTarget, clients: int, seconds: float, seed: str) -> list[Any]:
+    """One closed-loop level; the same requests (prompts, lengths) for every policy."""
+    rng = random.Random(seed)
+    prompts = shipped_prompts(64, 64)
+    rng.shuffle(prompts)
+    specs = request_stream(prompts, parse_lengths(OUTPUT_TOKENS), rng, TEMPERATURE)
+    return await run_level(target, Load("closed", clients), specs, Bounds(10**6, seconds, 120))
+
+
+async def calibrate(target: HttpTarget, setup: Setup, step_s: float) -> dict[str, Any]:
+    """Stepped load until the operator reports Calibrated; its status then."""
+    started = time.monotonic()
+    for i, clients in enumerate(itertools.cycle(CALIBRATION_LEVELS)):
+        await level(target, clients, step_s, f"calibration/{i}")
+        done = await asyncio.to_thread(setup.condition, "Calibrated")
+        if done.get("status") == "True":
+            return await asyncio.to_thread(setup.status)
+        if time.monotonic() - started > 900:
+            sys.exit("autotune_goodput: no calibration within 900 s (see the operator's log)")
+        print(f"  calibrating: {time.monotonic() - started:.0f} s, {clients} clients", flush=True)
+    raise AssertionError("unreachable")
+
+
+async def compare(
+    target: HttpTarget,
+    policies: dict[str, int | None],
+    levels: list[int],
+    seconds: float,
+    rounds: int,
+    slo: Slo,
+) -> list[tuple[str, LevelResult]]:
+    """(policy name, its result) for every level, round and policy."""
+    rows = []
+    names = list(policies)
+    for clients, turn in itertools.product(levels, range(rounds)):
+        order = names[turn % len(names) :] + names[: turn % len(names)]
+        for name in order:
+            await target.set_threshold(policies[name])
+            results = await level(target, clients, seconds, f"{clients}/{turn}")
+            row = summarize(results, "gated", policies[name], Load("closed", clients), slo, None)
+            rows.append((name, row))
+            print(f"  {clients:3d} clients  {name:>8}: {row.goodput_rps:.3f} goodput req/s, "
+                  f"{row.output_tokens_per_s:.0f} tok/s", flush=True)  # fmt: skip
+    return rows
+
+
+def report(rows: list[tuple[str, LevelResult]], policies: dict[str, int | None]) -> list[str]:
+    """Median goodput per level and policy, and the measured threshold against the best
+    fixed one per level and over all levels."""
+    header = "| clients | " + " | ".join(policies) + " | auto / best fixed |"
+    lines = [header, "|---" * (len(policies) + 2) + "|"]
+    totals = dict.fromkeys(policies, 0.0)
+    for clients in sorted({r.load for _, r in rows}):
+        med = {
+            p: statistics.median(r.goodput_rps for n, r in rows if r.load == clients and n == p)
+            for p in policies
+        }
+        for p, v in med.items():
+            totals[p] += v
+        best = max(v for p, v in med.items() if p != "auto")
+        ratio = med["auto"] / best if best else float("nan")
+        lines.append(f"| {clients:.0f} | " + " | ".join(f"{med[p]:.3f}" for p in policies)
+                     + f" | {ratio:.3f} |")  # fmt: skip
+    best = max(v for p, v in totals.items() if p != "auto")
+    lines.append("| all | " + " | ".join(f"{totals[p]:.3f}" for p in policies)
+                 + f" | {totals['auto'] / best:.3f} |")  # fmt: skip
+    return lines
+
+
+async def main_async(args: argparse.Namespace, setup: Setup) -> None:
+    url = wait("the engine pod ready", setup.pod_url, 180)
+    async with HttpTarget(url, None, setup.token(), 120) as target:
+        print(f"engine at {url}; calibrating under stepped load ...", flush=True)
+        began = time.monotonic()
+        status = await calibrate(target, setup, 2.5 * args.time_scale)
+        (a100,) = status["perSku"]
+        measured = status["threshold"]["current"]
+        print(f"calibrated after {time.monotonic() - began:.0f} s: threshold {measured} "
+              f"({a100['reason']})", flush=True)  # fmt: skip
+        setup.pin(measured)
+        policies: dict[str, int | None] = {"auto": measured, "never": 0, "always": None}
+        policies |= {str(t): t for t in args.fixed if t != measured}
+        before = await asyncio.to_thread(read_overruns, url)
+        rows = await compare(
+            target, policies, args.levels, args.seconds, args.rounds, slo(args.time_scale)
+        )
+        overruns = await asyncio.to_thread(read_overruns, url) - before
+    table = report(rows, policies)
+    print("\n".join(["", f"goodput, SLO-met requests/s (median of {args.rounds} rounds, "
+                         f"{args.seconds:g} s each; simulated A100 at {args.time_scale:g}x; "
+                         f"{overruns:.0f} iterations overran the modelled clock):",
+                         *table]))  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "goodput.md").write_text("\n".join(table) + "\n")
+    (args.out / "goodput.json").write_text(json.dumps({
+        "threshold": measured, "crossover": a100, "policies": policies,
+        "time_scale": args.time_scale, "overruns": overruns,
+        "rows": [{"policy": n, **r.model_dump()} for n, r in rows],
+    }, indent=2))  # fmt: skip
+
+
+def read_overruns(url: str) -> float:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(contract.SIMULATED_OVERRUNS + " ")
+    )
+
+
+def numbers(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", type=numbers, default=[16, 64], help="clients")
+    parser.add_argument("--fixed", type=numbers, default=[48], help="fixed thresholds")
+    parser.add_argument("--seconds", type=float, default=40.0, help="per policy and level")
+    parser.add_argument("--time-scale", type=float, default=16.0, help="the pod's slowdown")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / ".cache" / "autotune-goodput")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    setup = Setup(cluster_env(), args.out / "operator.log", args.time_scale)
+    try:
+        asyncio.run(main_async(args, setup))
+    finally:
+        setup.close()
+
+
+if __name__ == "__main__":
+    main()
