@@ -197,20 +197,27 @@ def _finish(state: State, now: datetime, *events: Event) -> Step:
     return Step(dataclasses.replace(state, calibration=cal), events)
 
 
-def collected(window: FleetWindow) -> bool:
-    """Every bucket traffic reaches has its samples in both modes, on every SKU."""
-    return bool(window.steps) and not any(undersampled(s) for s in window.steps.values())
+def decided(window: FleetWindow, estimates: Mapping[str, Estimate]) -> bool:
+    """Every bucket traffic reaches has its samples in both modes, on every SKU, and each
+    SKU's curve crosses: a bound ("pays up to 40") may only mean the load has not yet come
+    round to larger batches, so that waits for the window's end."""
+    return (
+        bool(window.steps)
+        and not any(undersampled(s) for s in window.steps.values())
+        and all(e.crossover.status == "crosses" for e in estimates.values())
+    )
 
 
 def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: FleetWindow) -> Step:
     cal = state.calibration
     assert cal.startedAt is not None
     elapsed = (obs.now - _time(cal.startedAt)).total_seconds()
+    estimates = estimate_by_sku(window.steps)
     if elapsed < MIN_WINDOW_SECONDS or (
-        not collected(window) and elapsed < spec.tuning.calibrationWindowSeconds
+        not decided(window, estimates) and elapsed < spec.tuning.calibrationWindowSeconds
     ):
         return Step(state)
-    estimates = {k: e for k, e in estimate_by_sku(window.steps).items() if e.known}
+    estimates = {k: e for k, e in estimates.items() if e.known}
     if not estimates:
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _finish(state, obs.now, Event("CalibrationFailed", why, warning=True))

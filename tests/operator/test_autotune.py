@@ -201,6 +201,22 @@ def test_a_goodput_drop_beyond_noise_rolls_back() -> None:
     assert rolled.state.calibration.phase == "Idle"
 
 
+def test_a_bound_waits_for_the_window_a_crossing_does_not() -> None:
+    """Every bucket sampled, speculation paying up to batch 16: the load may not have come
+    round to larger batches yet, so exploring goes on to the window's end; a curve that
+    crosses is decided as soon as its buckets are sampled."""
+    s = spec()
+    exploring = step(s, fresh(s), observe(0, window())).state
+    small = (1, 2, 4, 8, 16)
+    bound = window({H100: curve(100, buckets=small)})
+    assert step(s, exploring, observe(20, bound)).state.calibration.phase == "Exploring"
+    ended = step(s, exploring, observe(WINDOW, bound))
+    assert "ThresholdChanged" in reasons(ended) and ended.state.threshold.current == 256  # max
+    crossing = step(s, exploring, observe(20, window({H100: curve(12, buckets=small)})))
+    assert crossing.state.calibration.phase == "Verifying", crossing.events
+    assert crossing.state.crossover.batchSize == 13  # 12.9, interpolated between 8 and 16
+
+
 def test_a_change_that_makes_requests_queue_is_verified_with_a_warning() -> None:
     s = spec()
     calm = dataclasses.replace(
