@@ -161,6 +161,21 @@ def create(admin: client.ApiClient, namespace: str, body: dict) -> dict:
     )
 
 
+def delete_specdeployments(admin: client.ApiClient, namespace: str) -> None:
+    """Delete a namespace's SpecDeployments and wait until they are gone: call it while their
+    operator still runs, which takes its finalizer off them (after it stops, they and their
+    namespace would stay Terminating)."""
+    custom = client.CustomObjectsApi(admin)
+    custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+    wait_until(
+        "the SpecDeployments gone",
+        lambda: (
+            not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        ),
+        60,
+    )
+
+
 def get_sd(admin: client.ApiClient, namespace: str, name: str) -> dict:
     return client.CustomObjectsApi(admin).get_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, name
@@ -184,3 +199,30 @@ def _get(read: Callable[[str, str], T], name: str, namespace: str) -> T | None:
         if err.status == 404:
             return None
         raise
+
+
+@pytest.fixture(scope="module")
+def tuner(cluster: Cluster, admin: client.ApiClient, tmp_path_factory) -> Iterator[str]:
+    """A namespace watched by an operator of its own (its own peering, so that operators of
+    other test runs on this cluster neither pause it nor are paused by it)."""
+    namespace = f"autotune-{uuid.uuid4().hex[:8]}"
+    peering = f"autotune-{uuid.uuid4().hex[:6]}"
+    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    core.create_namespace({"metadata": {"name": namespace}})
+    custom.create_cluster_custom_object(
+        "kopf.dev", "v1", "clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
+    )  # fmt: skip
+    process, log = start_operator(
+        cluster, admin, tmp_path_factory.mktemp("autotune"), yaml.safe_load(RULES.read_text()),
+        priority=170, extra=["--namespace", namespace, "--peering", peering,
+                             "--prometheus-url", cluster.prometheus_url],
+    )  # fmt: skip
+    yield namespace
+    try:
+        delete_specdeployments(admin, namespace)
+    finally:
+        stop(process)
+    print(Path(log).read_text()[-3000:])
+    core.delete_namespace(namespace)
+    custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)

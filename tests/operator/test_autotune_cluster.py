@@ -16,9 +16,7 @@ import json
 import threading
 import time
 import urllib.request
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,7 +31,7 @@ from spectune.operator.triggers import bucket_steps
 from tests.bench.test_simulated_skus import buckets_apart
 from tests.cluster.support import Cluster, is_loopback, wait_until
 
-from .conftest import RULES, create, get_sd, start_operator, stop
+from .conftest import create, get_sd
 from .test_operator_cluster import all_ready, sd_condition
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -71,30 +69,6 @@ def auto_sd(name: str) -> dict[str, Any]:
             "tuning": {"calibrationWindowSeconds": WINDOW, "minDwellSeconds": 0},
         },
     }
-
-
-@pytest.fixture(scope="module")
-def tuner(cluster: Cluster, admin: client.ApiClient, tmp_path_factory) -> Iterator[str]:
-    """A namespace watched by an operator of its own (its own peering, so that operators of
-    other test runs on this cluster neither pause it nor are paused by it)."""
-    namespace = f"autotune-{uuid.uuid4().hex[:8]}"
-    peering = f"autotune-{uuid.uuid4().hex[:6]}"
-    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
-    core.create_namespace({"metadata": {"name": namespace}})
-    custom.create_cluster_custom_object(
-        "kopf.dev", "v1", "clusterkopfpeerings",
-        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
-    )  # fmt: skip
-    process, log = start_operator(
-        cluster, admin, tmp_path_factory.mktemp("autotune"), yaml.safe_load(RULES.read_text()),
-        priority=170, extra=["--namespace", namespace, "--peering", peering,
-                             "--prometheus-url", cluster.prometheus_url],
-    )  # fmt: skip
-    yield namespace
-    stop(process)
-    print(Path(log).read_text()[-3000:])
-    core.delete_namespace(namespace)
-    custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
 
 
 class Load:

@@ -25,7 +25,7 @@ from kubernetes import client
 
 from tests.cluster.support import LOCAL, Cluster, wait_until
 
-from .conftest import RULES, create, get_sd, start_operator, stop
+from .conftest import RULES, create, delete_specdeployments, get_sd, start_operator, stop
 from .test_autotune_cluster import START, Load, auto_sd, events, speculation, urls
 from .test_operator_cluster import all_ready, sd_condition
 
@@ -117,8 +117,11 @@ def watched(
     )  # fmt: skip
     operator.start()
     yield namespace, operator
-    if operator.process is not None:
-        stop(operator.process)
+    try:
+        delete_specdeployments(admin, namespace)
+    finally:
+        if operator.process is not None:
+            stop(operator.process)
     for log in operator.logs:
         print(f"--- {log.name}\n{log.read_text()[-2500:]}")
     core.delete_namespace(namespace)
