@@ -1,0 +1,160 @@
+"""Auto end to end, a traffic shift (issue 13, "Must show" 5): the same load moves to text the
+n-gram drafter accepts poorly, the operator sees the acceptance rate fall in consecutive windows
+read while idle, re-measures the crossover on the engines' live traffic and moves the threshold
+lower, where the per-batch measurements put it. Traffic is bounded (clients, requests and time)
+and goes to loopback pod IPs only.
+
+n-gram lookup with k=16 on a simulated A100 (4x slower clock, as in test_autotune_cluster): greedy
+completions of code-like prompts repeat their context, so the drafter's tokens are often accepted
+and speculation pays up to large batches; sampled completions (temperature 1.0) of the same
+prompts rarely repeat it, acceptance falls several-fold (about 0.24 -> 0.03 here) and the
+crossover falls with it to a batch this machine's traffic reaches (measured 25-44; the device
+model for the greedy steps puts it near 80)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from spectune.engine import contract
+from spectune.operator.triggers import bucket_steps
+from tests.cluster.support import Cluster, wait_until
+
+from .conftest import create, get_sd
+from .test_autotune_cluster import (
+    A100,
+    Load,
+    analytic_for,
+    auto_sd,
+    calibration_started,
+    events,
+    simulated,
+    speculation,
+    stepped,
+    urls,
+)
+from .test_operator_cluster import all_ready
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+WINDOW = 42  # tuning.calibrationWindowSeconds: one full cycle of the stepped clients
+LEVELS, LEVEL_SECONDS = (16, 40, 56), 14  # every window sees the same mix of batch sizes
+# tuning.trafficChangePercent: the acceptance rate falls by about 85%; the closed-loop clients'
+# request rate falls too (by a third: the engine got slower), and must stay within the percent
+# for the trigger to name the acceptance rate, the cause, rather than the rate
+CHANGE_PERCENT = 60
+LOAD_SECONDS = 420
+
+
+def fleet(cluster: Cluster, namespace: str, seconds: int = 20) -> str:
+    """What the engines did lately, from Prometheus: for the log."""
+
+    def value(query: str) -> float:
+        result = cluster.prometheus("/api/v1/query", query=query)["result"]
+        return float(result[0]["value"][1]) if result else float("nan")
+
+    sel = f'{{namespace="{namespace}"}}[{seconds}s]'
+    rate = value(f"sum(rate({contract.REQUESTS}{sel}))")
+    accepted = value(f"sum(increase({contract.SPEC_ACCEPTED_TOKENS}{sel}))")
+    drafted = value(f"sum(increase({contract.SPEC_DRAFT_TOKENS}{sel}))")
+    running = value(f"avg(avg_over_time({contract.NUM_REQUESTS_RUNNING}{sel}))")
+    acceptance = accepted / drafted if drafted else float("nan")
+    return f"{rate:.1f} requests/s, acceptance {acceptance:.3f}, {running:.0f} running"
+
+
+def test_a_shift_to_text_drafting_accepts_poorly_lowers_the_threshold(
+    cluster: Cluster,
+    admin: client.ApiClient,
+    tuner: str,
+) -> None:
+    """Greedy traffic first: the first calibration finds speculation paying at every batch it
+    measured and keeps the threshold at its max. The same clients then sample (temperature
+    1.0): three idle windows in a row see the acceptance rate fall by more than
+    trafficChangePercent, a calibration starts saying so, and the threshold it measures is more
+    than the dead band lower; the engine runs it."""
+    namespace, name = tuner, "shifted"
+    body = auto_sd(name)
+    spec = body["spec"]
+    spec["engine"] |= {
+        "nodeSelector": {"nvidia.com/gpu.product": A100},
+        "podAnnotations": {"spectune.io/simulate-gpu": "true",
+                           "spectune.io/simulate-time-scale": "4"},
+        "maxBatchSize": 96,
+    }  # fmt: skip
+    spec["speculation"] |= {"numSpeculativeTokens": 16}
+    spec["speculation"]["threshold"] |= {"value": 96, "max": 96}
+    spec["tuning"] |= {
+        "calibrationWindowSeconds": WINDOW,
+        "minDwellSeconds": 0,
+        "trafficChangePercent": CHANGE_PERCENT,
+    }
+    began = time.monotonic()
+    last: list[str | None] = [None]
+
+    def calibration() -> dict[str, Any]:
+        """status.calibration, logged (with what the engines do) whenever its phase moves."""
+        status = get_sd(admin, namespace, name).get("status") or {}
+        cal = status.get("calibration") or {}
+        if cal.get("phase") != last[0]:
+            last[0] = cal.get("phase")
+            print(f"[{time.monotonic() - began:4.0f}s] {last[0]} ({cal.get('trigger')}); "
+                  f"{fleet(cluster, namespace)}")  # fmt: skip
+        return status
+
+    create(admin, namespace, body)
+    pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, name, 1), timeout=120)
+    (url,) = urls(pods)
+    with Load([url], stepped(LEVELS, LEVEL_SECONDS), seconds=LOAD_SECONDS) as load:
+
+        def measured_and_idle() -> dict[str, Any] | None:
+            status = calibration()
+            cal = status.get("calibration") or {}
+            return status if cal.get("baseline") and cal.get("phase") == "Idle" else None
+
+        before = wait_until("a first calibration under greedy traffic", measured_and_idle, 200, 2)
+        greedy = before["threshold"]["current"]
+        greedy_model = analytic_for(url, "A100", k=16)  # every step so far ran greedy traffic
+        print(f"greedy: {before['threshold']}, {before['perSku']}; model {greedy_model:.1f}")
+        load.temperature = 1.0
+        switched = time.monotonic()
+
+        def started() -> dict[str, Any] | None:
+            cal = calibration()["calibration"]
+            return cal if cal["phase"] != "Idle" and cal["trigger"] != "Initial" else None
+
+        cal = wait_until("a calibration after the shift", started, 240, 2)
+        triggered = time.monotonic() - switched
+        message = calibration_started(admin, namespace, name, cal["message"])
+        print(f"triggered {triggered:.0f}s after the switch: {message}")
+        assert cal["trigger"] == "Traffic", cal
+        assert message and "acceptance rate moved by" in message, message
+        assert f"beyond the {CHANGE_PERCENT}% trafficChangePercent" in message, message
+
+        def recalibrated() -> dict[str, Any] | None:
+            status = calibration()
+            return status if status["calibration"]["phase"] != "Exploring" else None
+
+        after = wait_until("the traffic-triggered calibration to end", recalibrated, 120, 2)
+        live = speculation(url)
+    print(
+        f"sampled: {after['threshold']}, {after['perSku']}; {time.monotonic() - began:.0f}s, "
+        f"{load.sent} requests ({load.failed} failed)"
+    )
+    assert simulated(cluster, namespace)
+    (a100,) = after["perSku"]
+    sampled = after["threshold"]["current"]
+    assert a100["sku"] == A100 and a100["threshold"] == sampled, a100
+    assert sampled < greedy and bucket_steps(sampled, greedy) > 1, (greedy, sampled)
+    # the way the per-step measurements predict: the device model, fed what the engine drafted
+    # and committed per step under greedy traffic, crosses above the new threshold
+    assert greedy_model > sampled, (greedy_model, sampled)
+    assert after["threshold"]["source"] == "Measured"
+    assert any(
+        e.reason == "ThresholdChanged" and f"{greedy} -> {sampled}" in e.message
+        for e in events(admin, namespace, name)
+    )
+    assert live["threshold"] == sampled
+    assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
