@@ -12,8 +12,14 @@ A100, slowed `--time-scale` times, not this CPU's. They hold only while the CPU 
 that clock, so the engine's overruns are counted and printed (at 4x, k=16 spec steps overran
 about twice a second, which slowed the speculating policies against plain decoding).
 
+With `--hover-minutes N` it measures flapping instead (issue 13, "Must show" 10): after the
+calibration the deployment stays Auto, with the default damping (`tuning.minDwellSeconds`
+300, a one-bucket dead band), while the load alternates between two levels either side of
+the crossover for N minutes, and the operator's Events are counted.
+
 Usage: .venv/bin/python benchmarks/autotune_goodput.py [--levels 16,64] [--fixed 48]
        [--seconds 40] [--rounds 2] [--time-scale 16] [--out .cache/autotune-goodput]
+       [--hover-minutes 10 --hover-levels 28,44]
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ def slo(time_scale: float) -> Slo:
     return Slo(ttft_ms=round(2000 * time_scale), tpot_ms=round(40 * time_scale))
 
 
-def specdeployment(name: str, time_scale: float) -> dict[str, Any]:
+def specdeployment(name: str, time_scale: float, damped: bool) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SpecDeployment",
@@ -81,7 +87,8 @@ def specdeployment(name: str, time_scale: float) -> dict[str, Any]:
                 "ttftMilliseconds": slo(time_scale).ttft_ms,
                 "tpotMilliseconds": slo(time_scale).tpot_ms,
             },
-            "tuning": {"calibrationWindowSeconds": round(30 * time_scale), "minDwellSeconds": 0},
+            "tuning": {"calibrationWindowSeconds": round(30 * time_scale)}
+            | ({} if damped else {"minDwellSeconds": 0}),
         },
     }
 
@@ -105,7 +112,12 @@ def wait(what: str, probe: Any, timeout: float) -> Any:
 class Setup:
     """A namespace, a SpecDeployment and an operator watching it; all removed on exit."""
 
-    def __init__(self, env: dict[str, str], log: Path, time_scale: float) -> None:
+    def __init__(self, env: dict[str, str], log: Path, time_scale: float, damped: bool) -> None:
+        kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig",
+                   env["SPECTUNE_KUBECONFIG"]]  # fmt: skip
+        for crd in ("specdeployments.spectune.io.yaml", "kopf-peering.yaml"):  # a fresh cluster
+            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds" / crd)],
+                           check=True, capture_output=True)  # fmt: skip
         config.load_kube_config(env["SPECTUNE_KUBECONFIG"])
         self.core, self.custom = client.CoreV1Api(), client.CustomObjectsApi()
         self.namespace = self.peering = f"autotune-goodput-{uuid.uuid4().hex[:6]}"
@@ -124,7 +136,11 @@ class Setup:
             stdout=log.open("w"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, specdeployment(self.name, time_scale)
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            specdeployment(self.name, time_scale, damped),
         )
 
     def status(self) -> dict[str, Any]:
@@ -147,6 +163,12 @@ class Setup:
         if len(ready) != 1 or not ready[0].status.pod_ip.startswith("127."):
             return None
         return f"http://{ready[0].status.pod_ip}:{PORT}"
+
+    def event_reasons(self) -> list[str]:
+        events = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={self.name}"
+        ).items
+        return [e.reason for e in sorted(events, key=lambda e: e.metadata.creation_timestamp)]
 
     def token(self) -> str:
         secret = self.core.read_namespaced_secret(
@@ -252,6 +274,9 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
         measured = status["threshold"]["current"]
         print(f"calibrated after {time.monotonic() - began:.0f} s: threshold {measured} "
               f"({a100['reason']})", flush=True)  # fmt: skip
+        if args.hover_minutes:
+            await hover(target, setup, args)
+            return
         setup.pin(measured)
         policies: dict[str, int | None] = {"auto": measured, "never": 0, "always": None}
         policies |= {str(t): t for t in args.fixed if t != measured}
@@ -285,6 +310,24 @@ def read_overruns(url: str) -> float:
     )
 
 
+async def hover(target: HttpTarget, setup: Setup, args: argparse.Namespace) -> None:
+    """Load alternating either side of the crossover under Auto; the Events it caused."""
+    before = len(await asyncio.to_thread(setup.event_reasons))
+    started = time.monotonic()
+    step_s = 2.5 * args.time_scale
+    for i, clients in enumerate(itertools.cycle(args.hover_levels)):
+        if time.monotonic() - started >= 60 * args.hover_minutes:
+            break
+        await level(target, clients, step_s, f"hover/{i}")
+    reasons = (await asyncio.to_thread(setup.event_reasons))[before:]
+    counts = {r: reasons.count(r) for r in sorted(set(reasons))}
+    status = await asyncio.to_thread(setup.status)
+    print(f"\nhovering {args.hover_minutes:g} min between {args.hover_levels} clients "
+          f"({step_s:g} s each; simulated A100 at {args.time_scale:g}x): events {counts}; "
+          f"threshold now {status['threshold']['current']}")  # fmt: skip
+    (args.out / "hover.json").write_text(json.dumps({"events": reasons, "counts": counts}))
+
+
 def numbers(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -297,9 +340,13 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=16.0, help="the pod's slowdown")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / ".cache" / "autotune-goodput")
+    parser.add_argument("--hover-minutes", type=float, default=0.0, help="measure flapping")
+    parser.add_argument("--hover-levels", type=numbers, default=[28, 44], help="clients")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    setup = Setup(cluster_env(), args.out / "operator.log", args.time_scale)
+    setup = Setup(
+        cluster_env(), args.out / "operator.log", args.time_scale, bool(args.hover_minutes)
+    )
     try:
         asyncio.run(main_async(args, setup))
     finally:
