@@ -94,7 +94,7 @@ def _header(r: BenchResult) -> str:
     )
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
@@ -137,7 +137,7 @@ def _batch_section(b: BatchSweep) -> str:
             f"modes alternating; median step times; prompts of {b.prompt_tokens} tokens; "
             f"acceptance {_num(b.acceptance)}. Baseline: plain decode at the same batch size, "
             "same run.",
-            _table(POINT_HEADER, _point_rows(b.points)),
+            markdown_table(POINT_HEADER, _point_rows(b.points)),
             f"Crossover: {describe_crossover(b.crossover)}.",
         ]
     )
@@ -152,7 +152,7 @@ def _roofline_section(r: Roofline) -> str:
         f"**{r.ratio:.1f}x**",
     ]
     header = ["target weights", "copy bandwidth", "roofline ms", "plain step ms, batch 1", "ratio"]
-    return "## Batch-1 decode vs the memory roofline\n\n" + _table(header, [row])
+    return "## Batch-1 decode vs the memory roofline\n\n" + markdown_table(header, [row])
 
 
 def _lat(x: Latency) -> str:
@@ -196,11 +196,11 @@ def _load_section(s: LoadSweep, agreement: int | None) -> str:
         f"SLO: TTFT <= {s.slo.ttft_ms} ms and TPOT <= {s.slo.tpot_ms} ms; output lengths "
         f"{s.output_lengths}; prompts: {s.prompts}; gated threshold {s.gated_threshold} "
         f"(from {s.threshold_source.replace('_', ' ')}).",
-        _table(header, rows),
+        markdown_table(header, rows),
         f"Crossover from the load sweep's own decode steps: {describe_crossover(s.crossover)}.",
     ]
     if s.points:
-        text.append(_table(POINT_HEADER, _point_rows(s.points)))
+        text.append(markdown_table(POINT_HEADER, _point_rows(s.points)))
     if agreement is not None:
         text.append(f"The two crossovers are {agreement} bucket(s) apart.")
     return "\n\n".join(text)
@@ -216,7 +216,7 @@ def _verdict_section(v: Verdict) -> str:
             f"Gated goodput >= {v.floor} x the better of never/always at every load, and "
             f"higher than each summed over the sweep: **{claim}** (lowest ratio "
             f"{_num(v.min_ratio, '.3f')}; goodput summed over loads: {totals}).",
-            _table(["load", "gated / best of never, always"], rows),
+            markdown_table(["load", "gated / best of never, always"], rows),
         ]
     )
 
@@ -257,7 +257,7 @@ def _trace_section(t: TraceReplay) -> str:
     ]
     header = ["policy", "goodput req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms"]
     header += ["acceptance", "mean batch", "ok/sent", "latest send ms late"]
-    text.append(_table(header, totals))
+    text.append(markdown_table(header, totals))
     for run in t.runs:
         rows = [
             [
@@ -275,14 +275,14 @@ def _trace_section(t: TraceReplay) -> str:
         ]
         header = ["trace time", "arrivals", "req/s", "mean batch", "threshold"]
         header += ["goodput req/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "ok/sent"]
-        text += [f"### {run.total.policy}, per window", _table(header, rows)]
+        text += [f"### {run.total.policy}, per window", markdown_table(header, rows)]
     return "\n\n".join(text)
 
 
 # --- plots ---------------------------------------------------------------------------
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,7 +292,7 @@ def _pyplot():
 
 
 def plot_speedup(r: BenchResult, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     assert r.batch_sweep is not None
     series = [("batch sweep", r.batch_sweep.points, r.batch_sweep.crossover, "o-")]
@@ -315,11 +315,11 @@ def plot_speedup(r: BenchResult, path: Path) -> Path:
     ax.set_ylabel("speedup (spec / plain tokens per second)")
     ax.set_title(f"{r.target.model} + {r.target.draft or r.target.method}, k = {r.target.k}")
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_goodput(s: LoadSweep, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for policy in POLICY_ORDER:
         levels = sorted((v for v in s.levels if v.policy == policy), key=lambda v: v.load)
@@ -332,7 +332,7 @@ def plot_goodput(s: LoadSweep, path: Path) -> Path:
     ax.set_ylabel("goodput (requests/s within SLO)")
     ax.set_title(f"SLO: TTFT <= {s.slo.ttft_ms} ms, TPOT <= {s.slo.tpot_ms} ms")
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _batch_axis(ax, ticks: list[float]) -> None:
@@ -342,7 +342,7 @@ def _batch_axis(ax, ticks: list[float]) -> None:
     ax.minorticks_off()
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     fig.clf()
@@ -355,7 +355,7 @@ def _save(fig, path: Path) -> Path:
 def plot_trace(t: TraceReplay, path: Path) -> Path:
     """Over trace time: the offered rate, the running batch with the threshold, goodput
     and TPOT p99, one line per policy."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
     rate, batch, goodput, tpot = axes
     first = t.runs[0].windows
@@ -383,4 +383,4 @@ def plot_trace(t: TraceReplay, path: Path) -> Path:
     tpot.set_xlabel("trace time (min)")
     batch.legend()
     rate.set_title(f"trace {t.source} at {t.speed:g}x, lengths x{t.scale:g}")
-    return _save(fig, path)
+    return save_figure(fig, path)
