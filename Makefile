@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo models bench-models crds clean
+.PHONY: install test lint demo operator-demo demo-down models bench-models crds clean
 
 install: $(STAMP)
 
@@ -32,6 +32,15 @@ crds: install
 
 demo: models
 	@hack/demo.sh
+
+# The operator's story on the local cluster (work in progress, README): builds binaries, models
+# and the cluster when missing; the report goes to .cache/operator-demo/. `make demo-down`
+# stops what it left running, the cluster included.
+operator-demo: install
+	@hack/operator-demo.sh
+
+demo-down:
+	@hack/operator-demo.sh down
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

@@ -4,6 +4,7 @@ FROM python:3.12.8-slim-bookworm AS build
 COPY pyproject.toml /src/
 COPY operator/ /src/operator/
 COPY engine/ /src/engine/
+COPY demo/ /src/demo/
 COPY docker/ /src/docker/
 RUN sh /src/docker/install-operator.sh /src /opt/spectune
 

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Source folders and the import names they are installed as (pyproject's package-dir).
-PACKAGE_DIRS = {"engine": "spectune.engine", "operator": "spectune.operator", "hack": "hack"}
+PACKAGE_DIRS = {
+    "engine": "spectune.engine",
+    "operator": "spectune.operator",
+    "demo": "spectune.demo",
+    "hack": "hack",
+}
 
 # The engine modules the operator may import: pure Python, no torch.
 TORCH_FREE = (

@@ -1,0 +1,346 @@
+"""The demo's report: demo.md (what the demo showed, its phases, the operator's Events, the
+counterfactual goodput and the verdict), demo.json (the timeline itself, so the report can be
+rebuilt and checked) and two pictures: the threshold following the crossover, and goodput per
+phase and policy. Every simulated number says so: a simulated GPU's clock is not a GPU."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from spectune.demo.timeline import TRIGGERED, PhaseResult, Timeline
+from spectune.demo.verdict import Verdict, against_better_fixed, verdict
+from spectune.demo.view import (
+    clock,
+    seconds_text,
+    short_label,
+    short_sku,
+    threshold_text,
+)
+from spectune.engine.bench.report import markdown_table, pyplot, save_figure
+
+TOP = 1.25  # a None threshold (always speculate) is drawn this far above the largest value
+SKU_COLORS = ("C0", "C1", "C2", "C4", "C5", "C6")  # C3 (red) marks the calibrations
+
+
+def write_report(
+    timeline: Timeline, out: Path, min_changes: int = 3, tolerance: float = 0.03
+) -> list[Path]:
+    """Write demo.md, demo.json, threshold.png and goodput.png into `out`; returns the paths in
+    that order. `min_changes` and `tolerance` are the verdict's (a shorter demo expects fewer
+    changes): pass the ones the driver judges the run by, so the report says the same."""
+    out.mkdir(parents=True, exist_ok=True)
+    md, data = out / "demo.md", out / "demo.json"
+    data.write_text(timeline.model_dump_json(indent=2) + "\n")
+    threshold = plot_threshold(timeline, out / "threshold.png")
+    goodput = plot_goodput(timeline, out / "goodput.png")
+    result = verdict(timeline, min_changes, tolerance)
+    md.write_text(markdown(timeline, result, threshold.name, goodput.name))
+    return [md, data, threshold, goodput]
+
+
+def skus(timeline: Timeline) -> list[str]:
+    """The short names of every SKU the demo ran on, in order of first appearance."""
+    seen = [p.sku for p in timeline.phases] + [k for s in timeline.samples for k in s.batch]
+    return list(dict.fromkeys(short_sku(s) for s in seen))
+
+
+def clock_label(timeline: Timeline) -> str:
+    """ "simulated A100, H100 clock, 20x slower": said beside every number a simulated GPU
+    produced, so nobody takes it for a measurement of the GPU itself."""
+    names = ", ".join(skus(timeline)) or "GPU"
+    if timeline.simulated:
+        return f"simulated {names} clock, {timeline.time_scale:g}x slower"
+    return f"{names}, real time"
+
+
+# --- markdown ------------------------------------------------------------------------
+
+
+def markdown(
+    timeline: Timeline,
+    v: Verdict,
+    threshold_png: str = "threshold.png",
+    goodput_png: str = "goodput.png",
+) -> str:
+    """The report a person reads; the pictures are linked by their names beside it."""
+    parts = [
+        "# spectune demo",
+        _summary(timeline, v),
+        f"![the threshold following the crossover]({threshold_png})",
+        f"![goodput per phase and policy]({goodput_png})",
+        "## Phases",
+        _phase_table(timeline),
+        "## The operator's Events",
+        _marks_table(timeline),
+        "## Counterfactual goodput",
+        _counterfactual_section(timeline),
+        "## Verdict",
+        "\n".join(("  - " if line.startswith(" ") else "- ") + line.strip() for line in v.lines()),
+        "## Set-up",
+        _steps_section(timeline),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def _summary(timeline: Timeline, v: Verdict) -> str:
+    triggers = sum(m.reason == TRIGGERED for m in timeline.marks)
+    titles = ", ".join(p.name for p in timeline.phases) or "none"
+    text = (
+        f"Over {len(timeline.phases)} phases ({titles}) the operator re-measured the crossover "
+        f"{triggers} times and changed the threshold {len(v.changes)} times"
+    )
+    if v.checks:
+        low, high = min(c.ratio for c in v.checks), max(c.ratio for c in v.checks)
+        span = f"{low:.2f}x" if low == high else f"{low:.2f}x to {high:.2f}x"
+        text += (
+            f"; where the batch reached the crossover its threshold served {span} the goodput "
+            "of the better fixed policy"
+        )
+    text += f". Verdict: **{'passed' if v.ok else 'FAILED'}**."
+    when = f"Started {timeline.started_at}."
+    if timeline.simulated:
+        when += (
+            f" Every GPU number below (batch, crossover, goodput) is from a "
+            f"**{clock_label(timeline)}** than the GPU it models, not from a GPU."
+        )
+    return f"{text}\n\n{when}"
+
+
+def _phase_table(timeline: Timeline) -> str:
+    sim = " (simulated)" if timeline.simulated else ""
+    header = ["phase", "SKU", "replicas", "clients", "mean batch", "crossover", "threshold at end"]
+    header.append(f"live goodput req/s{sim}")
+    rows = [
+        [
+            _phase_name(p),
+            short_sku(p.sku),
+            str(p.replicas),
+            str(p.clients),
+            f"{p.mean_batch:.1f}" + (" *" if p.crosses else ""),
+            _crossover(p),
+            threshold_text(p.threshold),
+            f"{p.goodput_rps:.2f} ({p.goodput_rps / max(p.replicas, 1):.2f} per engine)",
+        ]
+        for p in timeline.phases
+    ]
+    note = (
+        "\\* the batch reached the crossover: the threshold matters here. Mean batch is per "
+        "engine over the phase; the threshold is the one in force at its end (always: no "
+        "threshold, speculate at every batch; never (0): never speculate)."
+    )
+    return markdown_table(header, rows) + "\n\n" + note
+
+
+def _crossover(p: PhaseResult) -> str:
+    value = "not crossed" if p.crossover is None else f"{p.crossover:.1f}"
+    return value + (f" ({_cell(p.crossover_reason)})" if p.crossover_reason else "")
+
+
+def _phase_name(p: PhaseResult) -> str:
+    """The title as the live view said it, led by the name when it does not begin with it."""
+    title = _cell(p.title)
+    if title.startswith(p.name):
+        return title
+    return p.name + (f": {title}" if title else "")
+
+
+def _marks_table(timeline: Timeline) -> str:
+    if not timeline.marks:
+        return "The operator made none of the Events the demo follows."
+    rows = [
+        [clock(m.t), m.phase, m.reason, _cell(m.message)]
+        for m in sorted(timeline.marks, key=lambda m: m.t)
+    ]
+    return markdown_table(["t", "phase", "reason", "message"], rows)
+
+
+def _counterfactual_section(timeline: Timeline) -> str:
+    measured = [p for p in timeline.phases if p.counterfactual is not None]
+    if not measured:
+        return "No counterfactual was measured."
+    sim = ", simulated" if timeline.simulated else ""
+    header = ["phase", "SKU", "clients per engine", "s per policy", "auto (threshold)"]
+    header += ["never", "always", "auto ÷ better fixed"]
+    rows = []
+    for p in measured:
+        c = p.counterfactual
+        assert c is not None
+        ratio, better = against_better_fixed(c)
+        rows.append(
+            [
+                p.name + (" *" if p.crosses else ""),
+                short_sku(p.sku),
+                str(c.clients),
+                f"{c.seconds:g}",
+                f"{c.auto:.2f} ({threshold_text(c.threshold)})",
+                f"{c.never:.2f}",
+                f"{c.always:.2f}",
+                f"{ratio:.2f}x ({better})",
+            ]
+        )
+    intro = (
+        "Goodput per engine (SLO-met requests/s"
+        f"{sim}) of each policy on the phase's traffic: one engine of the phase's SKU, the "
+        "phase's clients over its replicas, each policy in turn for the seconds shown. auto "
+        "runs the threshold the operator chose. \\* the batch reached the crossover: only "
+        "these phases are checked."
+    )
+    return intro + "\n\n" + markdown_table(header, rows)
+
+
+def _steps_section(timeline: Timeline) -> str:
+    total = f"Total time: {seconds_text(timeline.total_seconds)}."
+    if not timeline.cold_steps:
+        return total
+    rows = [[s.name, seconds_text(s.seconds)] for s in timeline.cold_steps]
+    return markdown_table(["step", "time"], rows) + "\n\n" + total
+
+
+def _cell(text: str) -> str:
+    """Text inside a markdown table cell: a '|' would end the cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# --- plots ---------------------------------------------------------------------------
+
+
+def plot_threshold(timeline: Timeline, path: Path) -> Path:
+    """Over the demo's seconds: the threshold (a step), each SKU's measured crossover and mean
+    running batch, the phases, and every calibration's start with its trigger, so a person sees
+    the threshold follow the crossover and why it moved."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(11, 5.8))
+    samples = timeline.samples
+    names = sorted({k for s in samples for k in (*s.batch, *s.crossover)})
+    colors = dict(zip(names, SKU_COLORS * len(names), strict=False))
+    finite = [s.threshold for s in samples if s.threshold is not None]
+    finite += [v for s in samples for v in (*s.batch.values(), *s.crossover.values()) if v]
+    top = max(finite, default=0) * TOP or 1.0
+
+    for i, p in enumerate(timeline.phases):
+        ax.axvspan(p.started, p.ended, color="0.92" if i % 2 == 0 else "0.84", zorder=0)
+        ax.text(
+            (p.started + p.ended) / 2,
+            0.99,
+            textwrap.fill(p.title, 20),
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="top",
+            fontsize=8,
+        )
+    for sku in names:
+        points = [(s.t, s.batch[sku]) for s in samples if sku in s.batch]
+        if points:
+            ax.plot(
+                *zip(*points, strict=True),
+                lw=0.8,
+                alpha=0.8,
+                color=colors[sku],
+                label=f"mean running batch {short_sku(sku)}",
+            )
+        points = [(s.t, v) for s in samples if (v := s.crossover.get(sku)) is not None]
+        if points:
+            ts, vs = zip(*points, strict=True)
+            ax.step(
+                ts,
+                vs,
+                "--",
+                where="pre",
+                lw=1.6,
+                color=colors[sku],
+                zorder=3,
+                label=f"measured crossover {short_sku(sku)} (dot: a new measurement)",
+            )
+            news = [(t, v) for i, (t, v) in enumerate(points) if i == 0 or v != vs[i - 1]]
+            ax.plot(*zip(*news, strict=True), "o", ms=5, color=colors[sku], zorder=3)
+    if samples:
+        always = any(s.threshold is None for s in samples)
+        label = "threshold (speculate while batch < it)"
+        if always:
+            label += f"\nat the top ({top:.0f}): none, always speculate"
+        ys = [top if s.threshold is None else s.threshold for s in samples]
+        ax.step([s.t for s in samples], ys, where="pre", lw=2.2, color="black", label=label)
+    triggers = [m for m in timeline.marks if m.reason == TRIGGERED]
+    for i, m in enumerate(triggers):
+        ax.axvline(
+            m.t,
+            ls="--",
+            lw=0.9,
+            color="C3",
+            label="calibration started (its trigger beside it)" if i == 0 else None,
+        )
+        ax.text(
+            m.t,
+            0.02,
+            " " + short_label(m.message),
+            transform=ax.get_xaxis_transform(),
+            rotation=90,
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="C3",
+        )
+    if not samples:
+        ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center")
+    ax.set_ylim(0, top * 1.3)  # room above the top line for the phases' titles
+    ax.set_xlabel("seconds since the first phase began")
+    ax.set_ylabel("running batch size")
+    ax.set_title(f"The threshold following the measured crossover ({clock_label(timeline)})")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=3, fontsize=8)
+    return save_figure(fig, path)
+
+
+# The bars of a phase: live goodput per engine, then each counterfactual policy.
+BARS = (("live", "C0"), ("auto", "C2"), ("never", "C7"), ("always", "C1"))
+
+
+def plot_goodput(timeline: Timeline, path: Path) -> Path:
+    """Goodput per engine, grouped by phase: what the live fleet served, then each policy on
+    the phase's traffic; phases whose batch reaches the crossover are hatched and starred,
+    the only ones where the threshold can win or lose."""
+    plt = pyplot()
+    phases = timeline.phases
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(phases) + 2), 4.8))
+    width = 0.8 / len(BARS)
+    for b, (name, color) in enumerate(BARS):
+        xs, ys, hatches = [], [], []
+        for i, p in enumerate(phases):
+            value = _bar(p, name)
+            if value is not None:
+                xs.append(i + (b - (len(BARS) - 1) / 2) * width)
+                ys.append(value)
+                hatches.append("//" if p.crosses else "")
+        if not xs:
+            continue
+        label = "live, per engine" if name == "live" else f"{name} (counterfactual)"
+        bars = ax.bar(xs, ys, width, color=color, label=label, edgecolor="white")
+        for bar, hatch in zip(bars, hatches, strict=True):
+            bar.set_hatch(hatch)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ticks = [
+        f"{textwrap.fill(p.title, 18)}{' *' if p.crosses else ''}\n"
+        f"{short_sku(p.sku)}, {p.replicas} pod{'s' if p.replicas != 1 else ''}"
+        for p in phases
+    ]
+    ax.set_xticks(range(len(phases)), ticks, fontsize=8)
+    if not phases:
+        ax.text(0.5, 0.5, "no phases", transform=ax.transAxes, ha="center")
+    ax.set_ylabel("goodput per engine (SLO-met req/s)")
+    ax.set_title(
+        f"Goodput per phase and policy ({clock_label(timeline)})\n"
+        "* hatched: the batch reached the crossover",
+        fontsize=10,
+    )
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    ax.margins(y=0.12)
+    return save_figure(fig, path)
+
+
+def _bar(p: PhaseResult, name: str) -> float | None:
+    if name == "live":
+        return p.goodput_rps / max(p.replicas, 1)
+    c = p.counterfactual
+    return None if c is None else getattr(c, name)

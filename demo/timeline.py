@@ -1,0 +1,93 @@
+"""What the demo saw, as data: the live samples, the operator's Events on the same clock, each
+phase's outcome and the counterfactual goodput of the fixed policies. The driver fills it in;
+the report and the verdict read only this, so they are tested without a cluster."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+# The operator's Events the timeline marks, and the ones that change a threshold.
+CHANGED = "ThresholdChanged"
+TRIGGERED = "CalibrationStarted"
+MARKED = (TRIGGERED, CHANGED, "ThresholdKept", "RolledBack", "ThresholdRecommended")
+
+
+class Step(BaseModel):
+    """A set-up step and how long it took (cold steps build binaries or train models)."""
+
+    name: str
+    seconds: float
+
+
+class Sample(BaseModel):
+    """One tick of the live run, every field as the demo read it at the tick's end."""
+
+    t: float = Field(description="seconds since the first phase began")
+    phase: str
+    clients: int
+    replicas: int
+    batch: dict[str, float] = Field(
+        default_factory=dict, description="SKU -> mean running batch over the tick"
+    )
+    threshold: int | None = Field(description="status.threshold.current; None: always")
+    crossover: dict[str, float | None] = Field(
+        default_factory=dict, description="SKU -> measured crossover; None: not crossed"
+    )
+    goodput_rps: float = Field(description="SLO-met requests per second over the tick")
+    requests: int
+    event: str | None = Field(None, description="the operator's latest Event, 'Reason: text'")
+
+
+class Mark(BaseModel):
+    """One of the operator's Events (MARKED), on the samples' clock."""
+
+    t: float
+    phase: str
+    reason: str
+    message: str
+
+
+class Counterfactual(BaseModel):
+    """Goodput per engine (SLO-met requests/s) of each policy on the phase's traffic, measured
+    one after another on one engine of the phase's SKU: `auto` runs the threshold the operator
+    chose, `never` and `always` the two fixed policies."""
+
+    auto: float
+    never: float
+    always: float
+    threshold: int | None
+    seconds: float = Field(description="per policy")
+    clients: int = Field(description="per engine: the phase's clients over its replicas")
+
+
+class PhaseResult(BaseModel):
+    name: str
+    title: str
+    started: float
+    ended: float
+    sku: str = Field(description="the nvidia.com/gpu.product the pods ran on")
+    replicas: int
+    clients: int
+    temperature: float
+    threshold: int | None = Field(description="at the phase's end; None: always speculate")
+    crossover: float | None = Field(description="the SKU's measured crossover at the end")
+    crossover_reason: str = ""
+    mean_batch: float = Field(description="mean running batch per engine over the phase")
+    goodput_rps: float = Field(description="live SLO-met requests/s over the phase")
+    counterfactual: Counterfactual | None = None
+
+    @property
+    def crosses(self) -> bool:
+        """Whether the phase's batch reached the crossover: where a threshold matters."""
+        return self.crossover is not None and self.mean_batch >= self.crossover
+
+
+class Timeline(BaseModel):
+    started_at: str = Field(description="ISO time the demo began")
+    time_scale: float = Field(description="the simulated GPUs' clock runs this much slower")
+    simulated: bool = True
+    cold_steps: list[Step] = Field(default_factory=list)
+    phases: list[PhaseResult] = Field(default_factory=list)
+    samples: list[Sample] = Field(default_factory=list)
+    marks: list[Mark] = Field(default_factory=list)
+    total_seconds: float = 0.0

@@ -1,0 +1,96 @@
+"""The operator demo cut to its first phase (a short calibration window, short counterfactual
+runs) on the real local cluster: the chart installed, its operator run as the chart's
+ServiceAccount, real engines behind the pods, real Prometheus, and a counterfactual engine of
+the demo's own. The report must tell the run as it happened, and nothing of the demo may be
+left running. (Every phase of the full story takes three calibration windows of a minute on
+this machine: too long for `make test`; README, "The operator demo".)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectune.demo.timeline import CHANGED, TRIGGERED, Timeline
+from spectune.demo.verdict import verdict
+from tests.cluster.support import REPO, Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def demo(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("demo")
+    run = subprocess.run(
+        [sys.executable, "-m", "spectune.demo.run", "--phases", "quiet", "--window", "20",
+         "--no-set-up", "--out", str(out), "--counterfactual-seconds", "5"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )  # fmt: skip
+    print(run.stdout[-6000:], run.stderr[-3000:])
+    assert run.returncode == 0, run.stderr[-2000:]
+    return out, run.stdout
+
+
+def test_the_first_calibration_raises_the_threshold_and_says_why(demo) -> None:
+    """A few clients: speculation pays at every batch they make, so the first calibration
+    moves the example's start value (8) to threshold.max (96), and the Events say so."""
+    out, stdout = demo
+    timeline = Timeline.model_validate_json((out / "demo.json").read_text())
+    (quiet,) = timeline.phases
+    assert quiet.name == "quiet" and quiet.threshold == 96, quiet
+    assert quiet.crossover is None and not quiet.crosses
+    assert 2 <= quiet.mean_batch <= 3.5, quiet.mean_batch  # three closed-loop clients
+    started = [m.message for m in timeline.marks if m.reason == TRIGGERED]
+    assert started and "no crossover measured yet" in started[0]
+    changed = [m.message for m in timeline.marks if m.reason == CHANGED]
+    assert any("threshold 8 -> 96" in m for m in changed), changed
+    result = verdict(timeline, min_changes=1)
+    assert result.ok and len(result.changes) == 1 and result.unexplained == 0, result.lines()
+    assert any(s.threshold == 8 for s in timeline.samples)  # the live view saw it move
+    assert timeline.samples[-1].threshold == 96
+    assert "the operator reacted after" in stdout
+
+
+def test_the_report_tells_what_the_run_measured(demo) -> None:
+    out, _ = demo
+    timeline = Timeline.model_validate_json((out / "demo.json").read_text())
+    report = (out / "demo.md").read_text()
+    assert "simulated" in report
+    (quiet,) = timeline.phases
+    assert quiet.title in report
+    cf = quiet.counterfactual
+    # three clients on a simulated A100: every request meets the loose SLO in either policy
+    assert cf is not None and cf.never > 0 and cf.always > 0 and cf.clients == 3, cf
+    assert cf.auto == cf.always  # a threshold above every batch is always speculating
+    for mark in timeline.marks:
+        assert mark.message[:40] in report
+    for line in verdict(timeline, min_changes=1).lines():
+        assert line in report
+    for png in ("threshold.png", "goodput.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_nothing_of_the_demo_keeps_running(cluster: Cluster, demo) -> None:
+    """Its operator and its counterfactual engine are gone, and so are its engine pods."""
+    out, _ = demo
+    left = [c for c in command_lines() if "--peering=spectune-demo" in c or str(out) in c]
+    assert not left, left
+    assert not list((REPO / ".local" / "run").glob("demo-*.pid"))
+    with cluster.api() as admin:
+        from kubernetes import client
+
+        pods = client.CoreV1Api(admin).list_namespaced_pod("spectune-demo").items
+        assert not [p.metadata.name for p in pods if not p.metadata.deletion_timestamp]
+
+
+def command_lines() -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+    return found
