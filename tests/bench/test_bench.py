@@ -75,7 +75,9 @@ def test_load_sweep_crossover_agrees_with_the_batch_sweep(tiny_pair, tmp_path: P
     )
     result = run(settings, "test", lambda _line: None, make_engine=device.make_engine)
     batch, load = result.batch_sweep.crossover, result.load_sweep.crossover
-    assert batch.status == "crosses" and 3 < batch.batch < 8, result.batch_sweep.points
+    # where depends on the tiny pair's acceptance, which the CPU type moves (0.75: about 6,
+    # 0.89: about 10; test_engine.py); the sweep reaches 12
+    assert batch.status == "crosses" and 3 < batch.batch < 12, result.batch_sweep.points
     assert load.status == "crosses", result.load_sweep.points
     assert result.crossover_agreement_buckets <= 1
     assert result.load_sweep.gated_threshold == batch.threshold
