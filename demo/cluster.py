@@ -131,8 +131,8 @@ class Cluster:
         self.operator: subprocess.Popen[bytes] | None = None
         self._products: dict[str, str] = {}
 
-    def kubectl(self, *args: str, what: str = "kubectl") -> str:
-        return run([str(KUBECTL), "--kubeconfig", self.kubeconfig, *args], what)
+    def kubectl(self, *args: str) -> str:
+        return run([str(KUBECTL), "--kubeconfig", self.kubeconfig, *args], f"kubectl {args[0]}")
 
     # --- the chart and the operator ----------------------------------------------------------
 
@@ -283,20 +283,15 @@ class Cluster:
             self._products[node] = labels.get("nvidia.com/gpu.product", "cpu")
         return self._products[node]
 
-    def token(self, name: str) -> str:
-        import base64
-
-        secret = self.core.read_namespaced_secret(render.child_names(name)["token"], NAMESPACE)
-        return base64.b64decode(secret.data[render.TOKEN_KEY]).decode()
-
-    def marks(self, name: str, since: float, clock: Callable[[Any], float]) -> list[Mark]:
+    def marks(self, name: str, clock: Callable[[Any], float]) -> list[Mark]:
         """The operator's Events about `name` that the timeline marks, on the demo's clock."""
         events = self.core.list_namespaced_event(
             NAMESPACE, field_selector=f"involvedObject.name={name}"
         ).items
         marks = []
         for e in sorted(events, key=lambda e: e.metadata.creation_timestamp):
-            if e.reason in MARKED and (t := clock(e.metadata.creation_timestamp)) >= since:
+            if e.reason in MARKED:
+                t = clock(e.metadata.creation_timestamp)
                 marks.append(Mark(t=round(t, 1), phase="", reason=e.reason, message=e.message))
         return marks
 

@@ -92,7 +92,7 @@ class Demo:
         return (await asyncio.to_thread(self.cluster.get, self.name)).get("status") or {}
 
     async def new_marks(self, phase: str) -> list[str]:
-        marks = await asyncio.to_thread(self.cluster.marks, self.name, 0.0, self.event_clock)
+        marks = await asyncio.to_thread(self.cluster.marks, self.name, self.event_clock)
         fresh = marks[self.seen :]
         self.seen = len(marks)
         for m in fresh:
