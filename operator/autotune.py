@@ -11,7 +11,7 @@ nothing here does I/O: every decision is reproducible in a test.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -40,9 +40,11 @@ from spectune.operator.triggers import (
     traffic_shifted,
 )
 
-# Exploration while calibrating: the mode the threshold hides gets a quarter of the iterations,
-# so a bucket collects its samples in about a tenth of the time the base 2-3% would take.
-CALIBRATION_EXPLORATION_PERCENT = 25
+# Exploration while calibrating: the mode the threshold hides gets half the iterations. Equal
+# shares compare two modes' means with the least variance for a given number of steps, and a
+# bucket reaches its samples in both modes within one window even where the engine steps slowly
+# (a quarter left the high buckets of a 2-core machine under MIN_STEPS in a 45 s window).
+CALIBRATION_EXPLORATION_PERCENT = 50
 # The shortest window worth reading: a few scrape intervals, or increase() has too few points.
 MIN_WINDOW_SECONDS = 10
 
@@ -359,6 +361,16 @@ def calibrated(spec: SpecDeploymentSpec, state: State) -> tuple[bool, str, str]:
         return True, "Recalibrating", cal.message or ""
     summary = ", ".join(f"{s.sku}: threshold {s.threshold} ({s.reason})" for s in state.per_sku)
     return True, "Recommended" if mode == "Advisory" else "Measured", summary
+
+
+def pod_skus(
+    known: Mapping[str, str], window: FleetWindow | None, live: Iterable[str]
+) -> dict[str, str]:
+    """Pod -> SKU for the live pods: what this window reports, else what an earlier one did.
+    A pod never changes node, so a scrape missed under load does not make its SKU unknown
+    (and its engine pushed the deployment's threshold for one resync)."""
+    seen = dict(known) | ({pod: e.device for pod, e in window.engines.items()} if window else {})
+    return {pod: seen[pod] for pod in live if pod in seen}
 
 
 def record_window(

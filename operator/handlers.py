@@ -27,7 +27,6 @@ from spectune.operator.models import (
     parse_spec,
 )
 from spectune.operator.prometheus import (
-    FleetWindow,
     PrometheusReader,
     PrometheusUnavailable,
     Selector,
@@ -135,17 +134,17 @@ def push(
     spec: SpecDeploymentSpec,
     state: autotune.State,
     pods: list[dict],
-    window: FleetWindow | None,
+    skus: dict[str, str],
 ) -> None:
-    """Every ready engine to its SKU's threshold and the phase's exploration (admin API)."""
+    """Every ready engine to its SKU's threshold and the phase's exploration (admin API);
+    `skus`: pod -> SKU, where known."""
     token = kube.secret_value(namespace, render.child_names(name)["token"], render.TOKEN_KEY)
     unready = {u.split(":", 1)[0] for u in unready_pods(pods)}
     for pod in pods:
         pod_name, ip = pod["metadata"]["name"], (pod.get("status") or {}).get("podIP")
         if pod_name in unready or not ip or pod["metadata"].get("deletionTimestamp"):
             continue
-        info = window.engines.get(pod_name) if window else None
-        threshold, percent = autotune.engine_settings(spec, state, info.device if info else None)
+        threshold, percent = autotune.engine_settings(spec, state, skus.get(pod_name))
         url = f"http://{ip}:{spec.engine.port}"
         error = engines.sync(engines.Target(pod_name, url, threshold, percent / 100), token)
         if error:
@@ -206,7 +205,12 @@ def reconcile(
         )
     }
     if desired.speculation.threshold.mode != "Manual":
-        push(name, namespace, desired, state, pods, observation and observation.window)
+        memo.skus = autotune.pod_skus(
+            memo.get("skus", {}),
+            observation and observation.window,
+            (p["metadata"]["name"] for p in pods),
+        )
+        push(name, namespace, desired, state, pods, memo.skus)
     rollout = live["Deployment"].get("status") or {}
     unready = unready_pods(pods)
     previous = list(status.get("conditions") or [])

@@ -18,6 +18,7 @@ from spectune.operator.autotune import (
     Observation,
     State,
     engine_settings,
+    pod_skus,
     record_window,
     step,
     window_seconds,
@@ -316,6 +317,16 @@ def test_two_skus_get_a_threshold_each() -> None:
     assert engine_settings(s, state, L4)[0] == 24
     assert state.threshold.current == 24  # the ConfigMap carries the SKU most pods run on
     assert state.crossover.sku == L4
+
+
+def test_a_pods_sku_outlives_a_missed_scrape_but_not_the_pod() -> None:
+    known = pod_skus({}, window(pods={"e-0": H100, "e-1": L4}), ["e-0", "e-1"])
+    assert known == {"e-0": H100, "e-1": L4}
+    # e-1 stale in this window (a late scrape): still an L4, not the deployment's threshold
+    known = pod_skus(known, window(pods={"e-0": H100}), ["e-0", "e-1", "e-2"])
+    assert known == {"e-0": H100, "e-1": L4}
+    assert pod_skus(known, None, ["e-1"]) == {"e-1": L4}  # Prometheus down: the same
+    assert pod_skus(known, window(pods={"e-2": H100}), ["e-2"]) == {"e-2": H100}  # gone: forgotten
 
 
 def test_windows_follow_the_phase() -> None:
