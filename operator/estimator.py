@@ -46,7 +46,12 @@ class Estimate:
 
     @property
     def threshold(self) -> int | None:
-        """The gate threshold the estimate asks for (see Crossover.threshold)."""
+        """The gate threshold the estimate asks for (see Crossover.threshold), except that a
+        curve below 1 from its first measured bucket turns speculation off only from that
+        bucket up: speedup falls as the batch grows, so not paying at 32 says nothing against
+        16, which the window did not measure (a bench sweep from batch 1 would have)."""
+        if self.crossover.status == "never_pays":
+            return self.curve[0].batch
         return self.crossover.threshold
 
     def compact_curve(self) -> dict[str, float]:
@@ -142,7 +147,9 @@ def _reason(
             bound += f" (traffic reached {largest}, not yet sampled in both modes)"
         return f"speculation pays at every batch measured: crossover {bound}"
     if crossover.status == "never_pays":
-        return f"speculation does not pay even at batch {curve[0].batch}, the smallest measured"
+        first = curve[0].batch
+        below = "" if first == 1 else f"; off from {first} up, smaller batches not measured"
+        return f"speculation does not pay even at batch {first}, the smallest measured{below}"
     (low, high) = _deciding(crossover, curve)
     return (
         f"crossover at batch {crossover.batch:.1f}: speedup {low.speedup:.2f} at batch "
