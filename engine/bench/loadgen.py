@@ -47,6 +47,9 @@ class Counters:
     accepted: int
     decode_steps: int
     batch_sum: float
+    # iterations a simulated SKU's engine ran longer than the modelled GPU would (its clock
+    # was not faithful there); 0 off a simulated SKU
+    overruns: int = 0
 
     def __add__(self, other: Counters) -> Counters:
         return Counters(
@@ -55,6 +58,7 @@ class Counters:
             self.accepted + other.accepted,
             self.decode_steps + other.decode_steps,
             self.batch_sum + other.batch_sum,
+            self.overruns + other.overruns,
         )
 
     def __sub__(self, before: Counters) -> Counters:
@@ -64,6 +68,7 @@ class Counters:
             self.accepted - before.accepted,
             self.decode_steps - before.decode_steps,
             self.batch_sum - before.batch_sum,
+            self.overruns - before.overruns,
         )
 
     @property

@@ -280,7 +280,7 @@ def parse_counters(text: str) -> Counters | None:
     seconds: dict[tuple[str, int], float] = {}
     counts: dict[tuple[str, int], float] = {}
     tokens: dict[tuple[str, int], float] = {}
-    drafted = accepted = 0.0
+    drafted = accepted = overruns = 0.0
     spectune = False
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -295,6 +295,8 @@ def parse_counters(text: str) -> Counters | None:
                 drafted = s.value
             elif s.name == c.SPEC_ACCEPTED_TOKENS:
                 accepted = s.value
+            elif s.name == c.SIMULATED_OVERRUNS:
+                overruns = s.value
             spectune = spectune or s.name == c.ENGINE_INFO
     if not spectune:
         return None
@@ -307,6 +309,7 @@ def parse_counters(text: str) -> Counters | None:
         int(accepted),
         sum(s.steps for s in steps.values()),
         float(sum(s.steps * bucket for (_, bucket), s in steps.items())),
+        int(overruns),
     )
 
 

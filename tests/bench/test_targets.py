@@ -31,6 +31,7 @@ def test_counters_from_the_metric_contract() -> None:
     metrics.observe_iteration(Iteration("plain", 3, 3, 0.01))
     metrics.observe_iteration(Iteration("plain", 2, 2, 0.01))
     metrics.observe_iteration(Iteration("spec", 5, 14, 0.04, 0.01, False, 5, 20, 9))
+    metrics.count_overruns(2)
     counters = parse_counters(generate_latest(metrics.registry).decode())
     assert counters is not None
     assert {k: (v.steps, v.tokens) for k, v in counters.steps.items()} == {
@@ -40,6 +41,7 @@ def test_counters_from_the_metric_contract() -> None:
     }
     assert counters.steps[("spec", 4)].seconds == pytest.approx(0.04)
     assert (counters.drafted, counters.accepted, counters.decode_steps) == (20, 9, 3)
+    assert counters.overruns == 2
     assert counters.mean_batch == pytest.approx(3.0)  # bucket floors 3, 2, 4
 
 
