@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo operator-demo demo-down models bench-models crds clean
+.PHONY: install test lint demo bench-demo demo-down models bench-models crds clean
 
 install: $(STAMP)
 
@@ -30,17 +30,18 @@ bench-models: install
 crds: install
 	$(BIN)/spectune-operator crd > crds/specdeployments.spectune.io.yaml
 
-demo: models
+# The operator's story on the local cluster: builds binaries, models and the cluster when
+# missing; the report goes to .cache/demo/. `make demo-down` stops what it left running, the
+# cluster included.
+demo: install
 	@hack/demo.sh
 
-# The operator's story on the local cluster (work in progress, README): builds binaries, models
-# and the cluster when missing; the report goes to .cache/operator-demo/. `make demo-down`
-# stops what it left running, the cluster included.
-operator-demo: install
-	@hack/operator-demo.sh
+# The engine's story: the bench on the tiny models (crossover, threshold, three policies).
+bench-demo: models
+	@hack/bench-demo.sh
 
 demo-down:
-	@hack/operator-demo.sh down
+	@hack/demo.sh down
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

@@ -67,6 +67,7 @@ class SetUp:
     cmd: list[str]
     cached: Path
     cold_note: str
+    done: str = "built"  # what the step did when it was not cached
 
 
 def set_up_steps(python: str) -> list[SetUp]:
@@ -88,7 +89,8 @@ def set_up_steps(python: str) -> list[SetUp]:
             "the local cluster (etcd, API server, kwok GPU nodes, Prometheus, pod runner)",
             [str(REPO / "hack" / "cluster.sh"), "up"],
             LOCAL / "run" / "kube-apiserver.pid",
-            "started (seconds)",
+            "seconds",
+            done="started",
         ),
     ]
 
@@ -108,7 +110,7 @@ def prepare(say: Callable[[str], None]) -> list[Step]:
             raise DemoError(f"{s.name}: failed (exit {code}); see {log}")
         seconds = time.monotonic() - began
         steps.append(Step(name=s.name + (" (cold)" if cold else ""), seconds=round(seconds, 1)))
-        say("  " + step_line(s.name, seconds, cold, note=s.cold_note))
+        say("  " + step_line(s.name, seconds, cold, note=s.cold_note, done=s.done))
     return steps
 
 

@@ -21,17 +21,13 @@ class Phase:
     trigger: str  # the calibration trigger the phase should cause (status.calibration.trigger)
     max_seconds: float  # give up waiting for the operator's reaction after this long
 
-    @property
-    def mean_clients(self) -> int:
-        return round(sum(self.clients) / len(self.clients))
-
     def clients_at(self, seconds: float) -> int:
         """Busy traffic comes in waves: the levels take turns, so every batch bucket between
         them gets measured, the ones around the crossover included."""
         return self.clients[int(seconds // LEVEL_SECONDS) % len(self.clients)]
 
 
-LEVEL_SECONDS = 20.0
+LEVEL_SECONDS = 10.0
 
 
 # n-gram lookup, k=16, sampled requests (temperature 1.0): n-gram lookup's drafts are mostly

@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from spectune.demo.timeline import TRIGGERED, PhaseResult, Timeline
+from spectune.demo.timeline import TRIGGERED, Counterfactual, PhaseResult, Timeline
 from spectune.demo.verdict import Verdict, against_better_fixed, verdict
 from spectune.demo.view import (
     clock,
@@ -109,25 +109,33 @@ def _summary(timeline: Timeline, v: Verdict) -> str:
 
 def _phase_table(timeline: Timeline) -> str:
     sim = " (simulated)" if timeline.simulated else ""
-    header = ["phase", "SKU", "replicas", "clients", "mean batch", "crossover", "threshold at end"]
+    header = ["phase", "SKU", "replicas", "clients", "mean / peak batch", "crossover"]
+    header += ["threshold at end", "steps overrun"]
     header.append(f"live goodput req/s{sim}")
     rows = [
         [
             _phase_name(p),
             short_sku(p.sku),
             str(p.replicas),
-            str(p.clients),
-            f"{p.mean_batch:.1f}" + (" *" if p.crosses else ""),
+            "/".join(map(str, p.clients)),
+            f"{p.mean_batch:.1f} / {p.peak_batch:.1f}" + (" *" if p.crosses else ""),
             _crossover(p),
             threshold_text(p.threshold),
+            f"{p.overrun_percent:.0f}%",
             f"{p.goodput_rps:.2f} ({p.goodput_rps / max(p.replicas, 1):.2f} per engine)",
         ]
         for p in timeline.phases
     ]
     note = (
-        "\\* the batch reached the crossover: the threshold matters here. Mean batch is per "
-        "engine over the phase; the threshold is the one in force at its end (always: no "
-        "threshold, speculate at every batch; never (0): never speculate)."
+        "\\* the batch reached the crossover (or, where only a bound was measured, the "
+        "threshold): the threshold matters here. Clients take turns "
+        "at each level; the batch is per engine, its mean over the phase and the highest "
+        "tick's; the threshold is the one in force at its end (always: no "
+        "threshold, speculate at every batch; never (0): never speculate). Steps overrun: "
+        "iterations that took longer on this CPU than on the modelled GPU (its clock slowed "
+        "as the engines run it), per 100 decode steps (prefills count too, so it can pass "
+        "100%); where it is high, wall-clock goodput measures this CPU as much as the GPU, "
+        "while the operator's crossover, from the engines' modelled step times, does not."
     )
     return markdown_table(header, rows) + "\n\n" + note
 
@@ -160,8 +168,8 @@ def _counterfactual_section(timeline: Timeline) -> str:
     if not measured:
         return "No counterfactual was measured."
     sim = ", simulated" if timeline.simulated else ""
-    header = ["phase", "SKU", "clients per engine", "s per policy", "auto (threshold)"]
-    header += ["never", "always", "auto ÷ better fixed"]
+    header = ["phase", "SKU", "clients per engine", "s per level", "auto (threshold)"]
+    header += ["never", "always", "auto ÷ better fixed (modelled)", "steps overrun"]
     rows = []
     for p in measured:
         c = p.counterfactual
@@ -171,22 +179,31 @@ def _counterfactual_section(timeline: Timeline) -> str:
             [
                 p.name + (" *" if p.crosses else ""),
                 short_sku(p.sku),
-                str(c.clients),
+                "/".join(map(str, c.clients)),
                 f"{c.seconds:g}",
-                f"{c.auto:.2f} ({threshold_text(c.threshold)})",
-                f"{c.never:.2f}",
-                f"{c.always:.2f}",
+                f"{_policy(c, 'auto')} ({threshold_text(c.threshold)})",
+                _policy(c, "never"),
+                _policy(c, "always"),
                 f"{ratio:.2f}x ({better})",
+                ", ".join(f"{k} {v:.0f}%" for k, v in c.overrun_percent.items()),
             ]
         )
     intro = (
-        "Goodput per engine (SLO-met requests/s"
-        f"{sim}) of each policy on the phase's traffic: one engine of the phase's SKU, the "
-        "phase's clients over its replicas, each policy in turn for the seconds shown. auto "
-        "runs the threshold the operator chose. \\* the batch reached the crossover: only "
-        "these phases are checked."
+        f"Each policy on the phase's traffic{sim}: one engine of the phase's SKU, the phase's "
+        "levels of clients over its replicas, each for the seconds shown, one policy after "
+        "another; auto runs the threshold the operator chose. Each cell: goodput per engine "
+        "(SLO-met requests per wall-clock second) / the modelled GPU's decode tokens per "
+        "second (modelled: its own clock, unslowed). Where this CPU ran steps past the "
+        "modelled clock (steps overrun), the wall clock measures the CPU too, so the verdict "
+        "compares the modelled throughput. \\* the batch reached the crossover (or the "
+        "threshold, where only a bound was measured) at the phase's busiest level: only these "
+        "phases are checked."
     )
     return intro + "\n\n" + markdown_table(header, rows)
+
+
+def _policy(c: Counterfactual, name: str) -> str:
+    return f"{getattr(c, name):.2f} / {c.gpu_tokens_per_s[name]:.0f}"
 
 
 def _steps_section(timeline: Timeline) -> str:
@@ -297,50 +314,58 @@ BARS = (("live", "C0"), ("auto", "C2"), ("never", "C7"), ("always", "C1"))
 
 
 def plot_goodput(timeline: Timeline, path: Path) -> Path:
-    """Goodput per engine, grouped by phase: what the live fleet served, then each policy on
-    the phase's traffic; phases whose batch reaches the crossover are hatched and starred,
-    the only ones where the threshold can win or lose."""
+    """Per engine, grouped by phase: wall-clock goodput (what the live fleet served, then each
+    policy on the phase's traffic) and, beside it, the modelled GPU's decode throughput of each
+    policy, what the verdict compares; phases whose batch reaches the crossover are hatched and
+    starred, the only ones where the threshold can win or lose."""
     plt = pyplot()
     phases = timeline.phases
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(phases) + 2), 4.8))
-    width = 0.8 / len(BARS)
-    for b, (name, color) in enumerate(BARS):
-        xs, ys, hatches = [], [], []
-        for i, p in enumerate(phases):
-            value = _bar(p, name)
-            if value is not None:
-                xs.append(i + (b - (len(BARS) - 1) / 2) * width)
-                ys.append(value)
-                hatches.append("//" if p.crosses else "")
-        if not xs:
-            continue
-        label = "live, per engine" if name == "live" else f"{name} (counterfactual)"
-        bars = ax.bar(xs, ys, width, color=color, label=label, edgecolor="white")
-        for bar, hatch in zip(bars, hatches, strict=True):
-            bar.set_hatch(hatch)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
-    ticks = [
-        f"{textwrap.fill(p.title, 18)}{' *' if p.crosses else ''}\n"
-        f"{short_sku(p.sku)}, {p.replicas} pod{'s' if p.replicas != 1 else ''}"
-        for p in phases
-    ]
-    ax.set_xticks(range(len(phases)), ticks, fontsize=8)
-    if not phases:
-        ax.text(0.5, 0.5, "no phases", transform=ax.transAxes, ha="center")
-    ax.set_ylabel("goodput per engine (SLO-met req/s)")
-    ax.set_title(
+    fig, axes = plt.subplots(1, 2, figsize=(max(10.0, 2.8 * len(phases) + 2), 4.8))
+    panels = (
+        (axes[0], BARS, "goodput per engine (SLO-met req/s, wall clock)", "%.2f"),
+        (axes[1], BARS[1:], "modelled GPU decode tokens/s per engine", "%.0f"),
+    )
+    for ax, bars_of, ylabel, fmt in panels:
+        width = 0.8 / len(bars_of)
+        for b, (name, color) in enumerate(bars_of):
+            xs, ys, hatches = [], [], []
+            for i, p in enumerate(phases):
+                value = _bar(p, name, modelled=ax is axes[1])
+                if value is not None:
+                    xs.append(i + (b - (len(bars_of) - 1) / 2) * width)
+                    ys.append(value)
+                    hatches.append("//" if p.crosses else "")
+            if not xs:
+                continue
+            label = "live, per engine" if name == "live" else f"{name} (counterfactual)"
+            bars = ax.bar(xs, ys, width, color=color, label=label, edgecolor="white")
+            for bar, hatch in zip(bars, hatches, strict=True):
+                bar.set_hatch(hatch)
+            ax.bar_label(bars, fmt=fmt, fontsize=7, padding=1)
+        ticks = [
+            f"{textwrap.fill(p.title, 18)}{' *' if p.crosses else ''}\n"
+            f"{short_sku(p.sku)}, {p.replicas} pod{'s' if p.replicas != 1 else ''}"
+            for p in phases
+        ]
+        ax.set_xticks(range(len(phases)), ticks, fontsize=8)
+        if not phases:
+            ax.text(0.5, 0.5, "no phases", transform=ax.transAxes, ha="center")
+        ax.set_ylabel(ylabel)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        ax.margins(y=0.12)
+    fig.suptitle(
         f"Goodput per phase and policy ({clock_label(timeline)})\n"
-        "* hatched: the batch reached the crossover",
+        "* hatched: the batch reached the crossover (or the threshold, for a bound)",
         fontsize=10,
     )
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    ax.margins(y=0.12)
     return save_figure(fig, path)
 
 
-def _bar(p: PhaseResult, name: str) -> float | None:
+def _bar(p: PhaseResult, name: str, modelled: bool) -> float | None:
     if name == "live":
         return p.goodput_rps / max(p.replicas, 1)
     c = p.counterfactual
-    return None if c is None else getattr(c, name)
+    if c is None:
+        return None
+    return c.gpu_tokens_per_s[name] if modelled else getattr(c, name)

@@ -1,5 +1,5 @@
-"""`make operator-demo`: the operator doing its job on the local cluster, phase by phase, with a
-live view and a report in .cache/operator-demo/.
+"""`make demo`: the operator doing its job on the local cluster, phase by phase, with a
+live view and a report in .cache/demo/.
 
 Set-up (built or started when missing, each step timed): the cluster's binaries, the tiny
 models, the local cluster. Then the chart is installed, its operator runs here as the chart's
@@ -124,7 +124,7 @@ class Demo:
             clients = phase.clients_at(self.now() - started)
             await self.fleet.set([u for _, u, _ in pods], clients, phase.temperature)
             await asyncio.sleep(TICK_SECONDS)
-            goodput, answered, batch = await self.fleet.tick({u: p for _, u, p in pods})
+            tick = await self.fleet.tick({u: p for _, u, p in pods})
             status = await self.status()
             events = await self.new_marks(phase.name)
             latest = events[-1] if events else latest
@@ -134,11 +134,12 @@ class Demo:
                 phase=phase.name,
                 clients=clients,
                 replicas=len(pods),
-                batch=batch,
+                batch=tick.batch,
+                overrun_percent=tick.overrun_percent,
                 threshold=(status.get("threshold") or {}).get("current"),
                 crossover=per_sku,
-                goodput_rps=round(goodput, 3),
-                requests=answered,
+                goodput_rps=round(tick.goodput_rps, 3),
+                requests=tick.requests,
                 event=latest,
             )
             samples.append(sample)
@@ -161,6 +162,7 @@ class Demo:
     ) -> PhaseResult:
         steady = samples[1:] or samples
         batches = [s.batch[phase.sku] for s in steady if phase.sku in s.batch]
+        overruns = [s.overrun_percent[phase.sku] for s in steady if phase.sku in s.overrun_percent]
         mine = next((s for s in status.get("perSku", []) if s["sku"] == phase.sku), {})
         seconds = TICK_SECONDS * len(samples)
         return PhaseResult(
@@ -170,18 +172,21 @@ class Demo:
             ended=round(self.now(), 1),
             sku=phase.sku,
             replicas=phase.replicas,
-            clients=phase.mean_clients,
+            clients=list(phase.clients),
             temperature=phase.temperature,
             threshold=mine.get("threshold", (status.get("threshold") or {}).get("current")),
             crossover=mine.get("batchSize"),
             crossover_reason=mine.get("reason", ""),
             mean_batch=round(sum(batches) / len(batches), 1) if batches else 0.0,
+            peak_batch=max(batches, default=0.0),
+            overrun_percent=round(sum(overruns) / len(overruns), 1) if overruns else 0.0,
             goodput_rps=round(sum(s.goodput_rps for s in samples) * TICK_SECONDS / seconds, 3),
         )
 
     async def counterfactuals(self) -> None:
         """Each phase's traffic per engine on an engine of its SKU: the operator's threshold,
-        never and always, one after another (the order rotating between phases)."""
+        never and always, one after another (the order rotating between phases), each through
+        the phase's levels of clients."""
         shadows: dict[str, Shadow] = {}
         try:
             for i, result in enumerate(self.timeline.phases):
@@ -194,36 +199,45 @@ class Demo:
                     )
                     await shadows[result.sku].ready()
                 shadow = shadows[result.sku]
-                clients = max(1, result.clients // result.replicas)
+                clients = [max(1, c // result.replicas) for c in result.clients]
                 policies: dict[str, int | None] = {
                     "never": 0,
                     "always": None,
                     "auto": result.threshold,
                 }
-                if result.threshold is None or result.threshold == 0 or result.threshold >= clients:
-                    del policies["auto"]  # never, or above every batch this load makes: always
+                t = result.threshold
+                if t is None or t <= 1 or t > max(clients):
+                    # never (no batch is below 1), or above every batch this load makes: always
+                    del policies["auto"]
                 order = list(policies)[i % len(policies) :] + list(policies)[: i % len(policies)]
-                got: dict[str, float] = {}
+                runs = {}
                 for name in order:
-                    got[name] = await shadow.goodput(
+                    runs[name] = await shadow.goodput(
                         policies[name],
                         clients,
                         result.temperature,
                         self.args.counterfactual_seconds,
                         self.slo,
                     )
-                auto = got.get("auto", got["never"] if result.threshold == 0 else got["always"])
+                if "auto" not in runs:
+                    runs["auto"] = runs["never" if t is not None and t <= 1 else "always"]
                 result.counterfactual = Counterfactual(
-                    auto=round(auto, 3),
-                    never=round(got["never"], 3),
-                    always=round(got["always"], 3),
+                    auto=round(runs["auto"].goodput_rps, 3),
+                    never=round(runs["never"].goodput_rps, 3),
+                    always=round(runs["always"].goodput_rps, 3),
                     threshold=result.threshold,
                     seconds=self.args.counterfactual_seconds,
                     clients=clients,
+                    overrun_percent={k: round(runs[k].overrun_percent, 1) for k in order},
+                    gpu_tokens_per_s={k: round(r.gpu_tokens_per_s, 1) for k, r in runs.items()},
                 )
                 say(
-                    f"  {result.name}: auto {auto:.3f}, never {got['never']:.3f}, "
-                    f"always {got['always']:.3f} SLO-met requests/s per engine ({clients} clients)"
+                    f"  {result.name} ({'/'.join(map(str, clients))} clients per engine): "
+                    + "; ".join(
+                        f"{k} {r.goodput_rps:.2f} req/s, {r.gpu_tokens_per_s:.0f} GPU tok/s "
+                        f"({r.overrun_percent:.0f}% overrun)"
+                        for k, r in runs.items()
+                    )
                 )
         finally:
             for s in shadows.values():
@@ -266,9 +280,7 @@ def phases_named(text: str) -> tuple[Phase, ...]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="make operator-demo", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--phases",
         type=phases_named,
@@ -278,8 +290,13 @@ def main() -> None:
     parser.add_argument(
         "--window", type=int, help="tuning.calibrationWindowSeconds instead of the example's"
     )
-    parser.add_argument("--out", type=Path, default=k8s.REPO / ".cache" / "operator-demo")
-    parser.add_argument("--counterfactual-seconds", type=float, default=8.0)
+    parser.add_argument("--out", type=Path, default=k8s.REPO / ".cache" / "demo")
+    parser.add_argument(
+        "--counterfactual-seconds",
+        type=float,
+        default=3.0,
+        help="each policy's run at each of a phase's levels of clients (default: 3)",
+    )
     parser.add_argument(
         "--no-set-up", dest="set_up", action="store_false", help="the cluster is up already (tests)"
     )
@@ -319,11 +336,9 @@ def main() -> None:
         interrupted = True
         say("\ninterrupted: stopping the load, the operator and the cluster")
     except (k8s.DemoError, RuntimeError) as err:
-        sys.exit(f"make operator-demo: {err}")
+        sys.exit(f"make demo: {err}")
     except ApiException as err:
-        sys.exit(
-            f"make operator-demo: the API server answered {err.status} {err.reason}: {err.body}"
-        )
+        sys.exit(f"make demo: the API server answered {err.status} {err.reason}: {err.body}")
     finally:
         if cluster is not None:
             cluster.stop_operator()

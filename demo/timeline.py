@@ -29,6 +29,10 @@ class Sample(BaseModel):
     batch: dict[str, float] = Field(
         default_factory=dict, description="SKU -> mean running batch over the tick"
     )
+    overrun_percent: dict[str, float] = Field(
+        default_factory=dict,
+        description="SKU -> iterations this CPU ran past the modelled GPU per 100 decode steps",
+    )
     threshold: int | None = Field(description="status.threshold.current; None: always")
     crossover: dict[str, float | None] = Field(
         default_factory=dict, description="SKU -> measured crossover; None: not crossed"
@@ -49,15 +53,25 @@ class Mark(BaseModel):
 
 class Counterfactual(BaseModel):
     """Goodput per engine (SLO-met requests/s) of each policy on the phase's traffic, measured
-    one after another on one engine of the phase's SKU: `auto` runs the threshold the operator
-    chose, `never` and `always` the two fixed policies."""
+    one after another on one engine of the phase's SKU, through the phase's levels of clients
+    in turn: `auto` runs the threshold the operator chose, `never` and `always` the two fixed
+    policies. Wall-clock goodput counts this CPU wherever it ran a step past the modelled
+    clock; the modelled GPU's decode throughput does not, so the verdict compares that."""
 
     auto: float
     never: float
     always: float
     threshold: int | None
-    seconds: float = Field(description="per policy")
-    clients: int = Field(description="per engine: the phase's clients over its replicas")
+    seconds: float = Field(description="per level, per policy")
+    clients: list[int] = Field(description="per engine at each level: its clients over replicas")
+    overrun_percent: dict[str, float] = Field(
+        default_factory=dict,
+        description="policy -> iterations this CPU ran past the modelled GPU per 100 decode steps",
+    )
+    gpu_tokens_per_s: dict[str, float] = Field(
+        description="policy (auto, never, always) -> decode tokens per second of the modelled "
+        "GPU, on its own clock (modelled)"
+    )
 
 
 class PhaseResult(BaseModel):
@@ -67,19 +81,30 @@ class PhaseResult(BaseModel):
     ended: float
     sku: str = Field(description="the nvidia.com/gpu.product the pods ran on")
     replicas: int
-    clients: int
+    clients: list[int] = Field(description="over all pods, a level every LEVEL_SECONDS in turn")
     temperature: float
     threshold: int | None = Field(description="at the phase's end; None: always speculate")
     crossover: float | None = Field(description="the SKU's measured crossover at the end")
     crossover_reason: str = ""
     mean_batch: float = Field(description="mean running batch per engine over the phase")
+    peak_batch: float = Field(description="the highest tick's mean running batch per engine")
+    overrun_percent: float = Field(
+        description="iterations this CPU ran longer than the modelled GPU, per 100 decode "
+        "steps (prefills too, so it can pass 100): where it is high, live goodput measures "
+        "the CPU more than the GPU"
+    )
     goodput_rps: float = Field(description="live SLO-met requests/s over the phase")
     counterfactual: Counterfactual | None = None
 
     @property
     def crosses(self) -> bool:
-        """Whether the phase's batch reached the crossover: where a threshold matters."""
-        return self.crossover is not None and self.mean_batch >= self.crossover
+        """Whether the phase's batch (at its busiest level) reached the measured crossover, or
+        the threshold where only a bound was measured ("does not pay even at 32"): where the
+        threshold decides between speculating and not."""
+        if self.crossover is not None:
+            return self.peak_batch >= self.crossover
+        t = self.threshold
+        return t is not None and 1 < t <= self.peak_batch
 
 
 class Timeline(BaseModel):

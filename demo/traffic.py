@@ -19,9 +19,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from spectune.engine.bench.loadgen import Bounds, Counters, Load, RequestResult, run_level
+from spectune.engine.bench.loadgen import (
+    NO_COUNTERS,
+    Bounds,
+    Counters,
+    Load,
+    RequestResult,
+    run_level,
+)
 from spectune.engine.bench.loadgen import run_request as send
 from spectune.engine.bench.schema import Slo
 from spectune.engine.bench.targets import HttpTarget
@@ -45,6 +53,25 @@ def requests(temperature: float, seed: str) -> Iterator[RequestSpec]:
     shuffled = list(prompts())
     rng.shuffle(shuffled)
     return request_stream(shuffled, parse_lengths(OUTPUT_TOKENS), rng, temperature)
+
+
+@dataclass(frozen=True)
+class Tick:
+    goodput_rps: float  # SLO-met requests per second
+    requests: int  # answered
+    batch: dict[str, float]  # SKU -> mean running batch
+    overrun_percent: dict[str, float]  # SKU -> iterations the CPU ran past the clock per 100 steps
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy's counterfactual run."""
+
+    goodput_rps: float  # SLO-met requests per wall-clock second
+    overrun_percent: float  # iterations this CPU ran past the modelled clock per 100 decode steps
+    # decode tokens per second of the modelled GPU, on its clock unslowed: what speculation
+    # changes, whatever this CPU's overruns did to the wall clock
+    gpu_tokens_per_s: float
 
 
 class Fleet:
@@ -94,14 +121,14 @@ class Fleet:
             if result.error:
                 await asyncio.sleep(0.5)
 
-    async def tick(self, skus: dict[str, str]) -> tuple[float, int, dict[str, float]]:
-        """(goodput in SLO-met requests/s, requests answered, SKU -> mean running batch) since
-        the last tick; the batch from each engine's own counters."""
+    async def tick(self, skus: dict[str, str]) -> Tick:
+        """What happened since the last tick; batches and overruns from each engine's own
+        counters."""
         now = time.perf_counter()
         done, self.results = self.results, []
         seconds, self._since = now - self._since, now
         met = sum(r.meets(self.slo) for r in done)
-        sums: dict[str, list[float]] = {}
+        by_sku: dict[str, list[Counters]] = {}
         for url, sku in skus.items():
             with contextlib.suppress(Exception):
                 current = await (await self.target(url)).counters()
@@ -109,11 +136,16 @@ class Fleet:
                 if current is not None:
                     self.counters[url] = current
                 if current is not None and before is not None:
-                    batch = (current - before).mean_batch
-                    if batch is not None:
-                        sums.setdefault(sku, []).append(batch)
-        batch = {sku: round(sum(v) / len(v), 1) for sku, v in sums.items()}
-        return (met / seconds if seconds > 0 else 0.0), len(done), batch
+                    by_sku.setdefault(sku, []).append(current - before)
+        batch, overrun = {}, {}
+        for sku, deltas in by_sku.items():
+            batches = [b for d in deltas if (b := d.mean_batch) is not None]
+            if batches:
+                batch[sku] = round(sum(batches) / len(batches), 1)
+            total = sum(deltas, NO_COUNTERS)
+            if total.decode_steps:
+                overrun[sku] = round(100 * total.overruns / total.decode_steps, 1)
+        return Tick(met / seconds if seconds > 0 else 0.0, len(done), batch, overrun)
 
     async def stop(self) -> None:
         for w in self.workers:
@@ -130,6 +162,7 @@ class Shadow:
     simulated SKU clock), for the counterfactual policies: the operator never sees it."""
 
     def __init__(self, sku: str, time_scale: float, out: Path, pid_dir: Path) -> None:
+        self.time_scale = time_scale
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -183,21 +216,45 @@ class Shadow:
         raise RuntimeError(f"the counterfactual engine at {self.url} was not ready in time")
 
     async def goodput(
-        self, threshold: int | None, clients: int, temperature: float, seconds: float, slo: Slo
-    ) -> float:
-        """SLO-met requests/s of `clients` closed-loop clients with the engine at `threshold`,
-        after a short warm-up at the same load (its first requests all arrive at once)."""
+        self,
+        threshold: int | None,
+        levels: list[int],
+        temperature: float,
+        seconds: float,
+        slo: Slo,
+    ) -> PolicyRun:
+        """The engine at `threshold` under closed-loop clients, each level's count in turn for
+        `seconds` after a short warm-up at that load (its first requests all arrive at once):
+        equal time per level, as the phase's waves had. The modelled throughput is each
+        level's, averaged: pooled, a policy whose steps this CPU slowed would weigh its levels
+        differently from one it did not."""
+        met, window, measured, per_level = 0, 0.0, NO_COUNTERS, []
         async with HttpTarget(self.url, None, self.token, REQUEST_TIMEOUT_S) as target:
             await target.set_threshold(threshold)
-            specs = requests(temperature, f"counterfactual/{clients}/{temperature}")
-            load = Load("closed", clients)
-            await run_level(target, load, specs, Bounds(10**6, seconds / 4, REQUEST_TIMEOUT_S))
-            began = time.perf_counter()
-            results = await run_level(
-                target, load, specs, Bounds(10**6, seconds, REQUEST_TIMEOUT_S)
-            )
-            window = time.perf_counter() - began
-        return sum(r.meets(slo) for r in results) / window
+            specs = requests(temperature, f"counterfactual/{levels}/{temperature}")
+            for clients in levels:
+                load = Load("closed", clients)
+                warm_up = Bounds(10**6, seconds / 4, REQUEST_TIMEOUT_S)
+                await run_level(target, load, specs, warm_up)
+                before, began = await target.counters(), time.perf_counter()
+                results = await run_level(
+                    target, load, specs, Bounds(10**6, seconds, REQUEST_TIMEOUT_S)
+                )
+                window += time.perf_counter() - began
+                met += sum(r.meets(slo) for r in results)
+                after = await target.counters()
+                if before is not None and after is not None:
+                    level = after - before
+                    measured = measured + level
+                    busy = sum(m.seconds for m in level.steps.values())
+                    tokens = sum(m.tokens for m in level.steps.values())
+                    per_level.append(tokens / busy * self.time_scale if busy else 0.0)
+        steps = measured.decode_steps
+        return PolicyRun(
+            goodput_rps=met / window,
+            overrun_percent=100 * measured.overruns / steps if steps else 0.0,
+            gpu_tokens_per_s=sum(per_level) / len(per_level) if per_level else 0.0,
+        )
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -32,7 +32,8 @@ class Change:
 @dataclass(frozen=True)
 class GoodputCheck:
     """A phase where the threshold matters: the operator's threshold against the better of
-    the two fixed policies, measured on the same traffic (the phase's counterfactual)."""
+    the two fixed policies, measured on the same traffic (the phase's counterfactual), in
+    the modelled GPU's decode throughput."""
 
     phase: str
     ratio: float
@@ -81,13 +82,15 @@ def goodput_checks(timeline: Timeline, tolerance: float) -> list[GoodputCheck]:
 
 
 def against_better_fixed(c: Counterfactual) -> tuple[float, str]:
-    """(auto ÷ the better fixed policy's goodput, which policy that is). Both fixed at 0:
-    1.0 when auto is 0 too (all alike), else inf (only auto served anything)."""
-    best = max(c.never, c.always)
-    better = "never" if c.never >= c.always else "always"
+    """(auto ÷ the better fixed policy, which policy that is), in the modelled GPU's decode
+    throughput. Both fixed at 0: 1.0 when auto is 0 too (all alike), else inf (only auto
+    served anything)."""
+    auto, never, always = (c.gpu_tokens_per_s[k] for k in ("auto", "never", "always"))
+    best = max(never, always)
+    better = "never" if never >= always else "always"
     if best > 0:
-        return c.auto / best, better
-    return (1.0 if c.auto == 0 else math.inf), better
+        return auto / best, better
+    return (1.0 if auto == 0 else math.inf), better
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class Verdict:
             verdict = "passes" if check.passed else f"fails (below {1 - self.tolerance:.2f}x)"
             lines.append(
                 f"phase {check.phase}: auto {check.ratio:.2f}x the better fixed policy "
-                f"({check.better}) — {verdict}"
+                f"({check.better}) in modelled GPU decode throughput — {verdict}"
             )
         if not self.checks:
             lines.append("no phase reached the crossover with a counterfactual: goodput unchecked")

@@ -92,10 +92,10 @@ def seconds_text(seconds: float) -> str:
     return text if seconds < 60 else f"{text} ({clock(seconds)})"
 
 
-def step_line(name: str, seconds: float, cold: bool, note: str = "") -> str:
-    """A set-up step: `cluster binaries ........ 12 s (cached)`, or when it had to build,
-    `(built: <note>)` so the first, slow run explains itself (note: e.g. "a first run on 2
-    cores takes ~30 min")."""
-    how = ("built" + (f": {note}" if note else "")) if cold else "cached"
+def step_line(name: str, seconds: float, cold: bool, note: str = "", done: str = "built") -> str:
+    """A set-up step: `cluster binaries ........ 12 s (cached)`, or when it had to build (or
+    start: `done`), `(built: <note>)` so the first, slow run explains itself (note: e.g. "a
+    first run on 2 cores takes ~30 min")."""
+    how = (done + (f": {note}" if note else "")) if cold else "cached"
     dots = "." * max(3, STEP_COLUMN - len(name))
     return f"{name} {dots} {seconds_text(seconds)} ({how})"

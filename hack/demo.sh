@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make operator-demo`: the operator moving speculation thresholds on the local cluster as the
-# fleet and the traffic change (demo/run.py; report in .cache/operator-demo/). `make demo-down`
+# `make demo`: the operator moving speculation thresholds on the local cluster as the fleet and
+# the traffic change (demo/run.py; report in .cache/demo/). `make demo-down`
 # (this script with `down`) stops what it left running: its operator, its counterfactual
 # engines, the cluster.
 set -euo pipefail

@@ -46,9 +46,10 @@ def test_each_phase_row_has_its_numbers(report) -> None:
             "A100",
             "1",
             "8",
-            "7.5",
+            "7.5 / 8.0",
             "35.3 (crosses at batch 35.3)",
             "36",
+            "0%",
             "1.50 (1.50 per engine)",
         ],
     ]
@@ -57,10 +58,11 @@ def test_each_phase_row_has_its_numbers(report) -> None:
             "busy: 128 clients, 2 pods",
             "A100",
             "2",
-            "128",
-            "58.2 *",
+            "64/128/192",
+            "33.1 / 58.2 *",
             "34.8 (crosses at batch 34.8)",
             "34",
+            "3%",
             "6.20 (3.10 per engine)",
         ],
     ]
@@ -69,10 +71,11 @@ def test_each_phase_row_has_its_numbers(report) -> None:
             "moved to H100",
             "H100",
             "2",
-            "128",
-            "60.1 *",
+            "64/128/192",
+            "40.3 / 60.1 *",
             "48.0 (crosses at batch 48.0)",
             "48",
+            "12%",
             "8.40 (4.20 per engine)",
         ],
     ]
@@ -92,10 +95,30 @@ def test_the_counterfactuals_the_verdict_and_the_set_up_are_reported(report) -> 
     t, out, _ = report
     md = (out / "demo.md").read_text()
     assert _rows(md, "busy *") == [
-        ["busy *", "A100", "64", "30", "3.10 (34)", "3.04", "2.40", "1.02x (never)"]
+        [
+            "busy *",
+            "A100",
+            "32/64/96",
+            "10",
+            "3.10 / 3100 (34)",
+            "3.04 / 3040",
+            "2.40 / 2400",
+            "1.02x (never)",
+            "always 2%, never 0%, auto 1%",
+        ]
     ]
     assert _rows(md, "quiet") == [
-        ["quiet", "A100", "8", "30", "1.52 (36)", "1.10", "1.52", "1.00x (always)"]
+        [
+            "quiet",
+            "A100",
+            "8",
+            "10",
+            "1.52 / 900 (36)",
+            "1.10 / 700",
+            "1.52 / 900",
+            "1.00x (always)",
+            "",
+        ]
     ]
     for line in verdict(t).lines():
         assert f"- {line}\n" in md
@@ -109,7 +132,8 @@ def test_simulated_numbers_say_so(report) -> None:
     _, out, _ = report
     md = (out / "demo.md").read_text()
     assert "simulated A100, H100 clock, 20x slower" in md
-    assert "live goodput req/s (simulated)" in md and "SLO-met requests/s, simulated" in md
+    assert "live goodput req/s (simulated)" in md and "phase's traffic, simulated" in md
+    assert "decode tokens per second (modelled" in md
 
 
 def test_the_pictures_are_real_pngs(report) -> None:

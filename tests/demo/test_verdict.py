@@ -56,6 +56,7 @@ def test_the_latest_trigger_explains_and_marks_are_read_in_time_order() -> None:
 
 
 def test_goodput_is_checked_only_where_the_batch_reaches_the_crossover() -> None:
+    """In the modelled GPU's throughput, not the wall clock this CPU may have stretched."""
     checks = goodput_checks(timeline(), tolerance=0.03)
     assert [(c.phase, c.better, c.passed) for c in checks] == [
         ("busy", "never", True),
@@ -69,13 +70,29 @@ def test_goodput_is_checked_only_where_the_batch_reaches_the_crossover() -> None
 def _one_phase(auto: float, never: float, always: float, **phase) -> Timeline:
     t = timeline()
     busy = t.phases[1]
-    c = Counterfactual(auto=auto, never=never, always=always, threshold=34, seconds=30, clients=64)
+    c = Counterfactual(
+        auto=auto,
+        never=never,
+        always=always,
+        threshold=34,
+        seconds=10,
+        clients=[32, 64, 96],
+        gpu_tokens_per_s={"auto": auto, "never": never, "always": always},
+    )
     return t.model_copy(update={"phases": [busy.model_copy(update={"counterfactual": c, **phase})]})
 
 
 def test_a_phase_below_the_crossover_or_without_one_is_not_checked() -> None:
-    assert goodput_checks(_one_phase(1, 2, 2, mean_batch=20.0), 0.03) == []
-    assert goodput_checks(_one_phase(1, 2, 2, crossover=None), 0.03) == []
+    assert goodput_checks(_one_phase(1, 2, 2, peak_batch=20.0), 0.03) == []
+    unmeasured = _one_phase(1, 2, 2, crossover=None, threshold=96)  # the batch stays below it
+    assert goodput_checks(unmeasured, 0.03) == []
+
+
+def test_a_bound_checks_the_phase_where_the_batch_reaches_the_threshold() -> None:
+    """'does not pay even at 32': speculation off from 32 up, and the batch went past it."""
+    (check,) = goodput_checks(_one_phase(1, 2, 2, crossover=None, threshold=32), 0.03)
+    assert (check.phase, check.passed) == ("busy", False)
+    assert goodput_checks(_one_phase(1, 2, 2, crossover=None, threshold=1), 0.03) == []  # never
     t = timeline()
     no_counterfactual = [p.model_copy(update={"counterfactual": None}) for p in t.phases]
     assert goodput_checks(t.model_copy(update={"phases": no_counterfactual}), 0.03) == []
@@ -101,8 +118,10 @@ def test_the_demo_timeline_passes_and_says_why() -> None:
     assert v.ok and v.unexplained == 0 and len(v.changes) == 3
     assert v.lines() == [
         "3 threshold changes, each after a calibration its trigger started",
-        "phase busy: auto 1.02x the better fixed policy (never) — passes",
-        "phase moved: auto 0.99x the better fixed policy (never) — passes",
+        "phase busy: auto 1.02x the better fixed policy (never) in modelled GPU decode "
+        "throughput — passes",
+        "phase moved: auto 0.99x the better fixed policy (never) in modelled GPU decode "
+        "throughput — passes",
         "verdict: passed",
     ]
 

@@ -99,4 +99,6 @@ def test_step_lines_say_whether_the_step_was_cached_or_built() -> None:
     assert cached.startswith("cluster binaries ...") and cached.endswith(" 12 s (cached)")
     assert built.endswith(" 1800 s (30:00) (built: a first run takes ~30 min)")
     assert step_line("engine image", 3.52, cold=True).endswith(" 3.5 s (built)")
+    started = step_line("the local cluster", 7.8, cold=True, note="seconds", done="started")
+    assert started.endswith(" 7.8 s (started: seconds)")
     assert cached.index("12 s") == step_line("image", 12.0, cold=False).index("12 s")
