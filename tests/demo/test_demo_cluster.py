@@ -66,8 +66,6 @@ def test_the_report_tells_what_the_run_measured(demo) -> None:
     assert cf.auto == cf.always  # a threshold above every batch is always speculating
     tps = cf.gpu_tokens_per_s  # the modelled GPU's decode throughput, what the verdict compares
     assert tps["auto"] == tps["always"] > 0 and tps["never"] > 0, tps
-    # batch 3 on an A100: speculation commits more than one token a step for little more time
-    assert tps["always"] > tps["never"], tps
     for mark in timeline.marks:
         assert mark.message[:40] in report
     for line in verdict(timeline, min_changes=1).lines():
