@@ -227,15 +227,15 @@ class Cluster:
     def fresh_deployment(self, window: int | None = None) -> dict[str, Any]:
         """The example SpecDeployment (with another calibration window when `window` says),
         created after any left by an interrupted run is gone (the operator, running, takes its
-        finalizer off)."""
+        finalizer off); returned as the API server made it (its uid tells its Events from those
+        of an earlier run's)."""
         body = yaml.safe_load(EXAMPLE.read_text())
         if window is not None:
             body["spec"]["tuning"]["calibrationWindowSeconds"] = window
         name = body["metadata"]["name"]
         if self._exists(self.get, name):
             self.remove(name)
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
-        return body
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
 
     def remove(self, name: str) -> None:
         """Delete the SpecDeployment and wait until it is gone, its engines stopped."""
@@ -285,11 +285,13 @@ class Cluster:
             self._products[node] = labels.get("nvidia.com/gpu.product", "cpu")
         return self._products[node]
 
-    def marks(self, name: str, clock: Callable[[Any], float]) -> list[Mark]:
-        """The operator's Events about `name` that the timeline marks, on the demo's clock."""
-        events = self.core.list_namespaced_event(
-            NAMESPACE, field_selector=f"involvedObject.name={name}"
-        ).items
+    def marks(self, created: dict[str, Any], clock: Callable[[Any], float]) -> list[Mark]:
+        """The operator's Events about the `created` SpecDeployment that the timeline marks, on
+        the demo's clock; not those about an earlier one of the same name (Events outlive
+        their object by an hour)."""
+        meta = created["metadata"]
+        selector = f"involvedObject.name={meta['name']},involvedObject.uid={meta['uid']}"
+        events = self.core.list_namespaced_event(NAMESPACE, field_selector=selector).items
         marks = []
         for e in sorted(events, key=lambda e: e.metadata.creation_timestamp):
             if e.reason in MARKED:

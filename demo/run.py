@@ -65,7 +65,8 @@ def free_ports(n: int) -> list[int]:
 
 class Demo:
     def __init__(self, args: argparse.Namespace, cluster: k8s.Cluster, body: dict[str, Any]):
-        self.args, self.cluster, self.name = args, cluster, body["metadata"]["name"]
+        self.args, self.cluster, self.created = args, cluster, body
+        self.name = body["metadata"]["name"]
         spec = body["spec"]
         self.time_scale = float(spec["engine"]["podAnnotations"]["spectune.io/simulate-time-scale"])
         self.slo = Slo(
@@ -92,7 +93,7 @@ class Demo:
         return (await asyncio.to_thread(self.cluster.get, self.name)).get("status") or {}
 
     async def new_marks(self, phase: str) -> list[str]:
-        marks = await asyncio.to_thread(self.cluster.marks, self.name, self.event_clock)
+        marks = await asyncio.to_thread(self.cluster.marks, self.created, self.event_clock)
         fresh = marks[self.seen :]
         self.seen = len(marks)
         for m in fresh:

@@ -7,12 +7,18 @@ counterfactuals 3 more: too long for `make test`; README, "The demo".)"""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
+from spectune.demo.cluster import NAMESPACE
 from spectune.demo.timeline import CHANGED, TRIGGERED, Timeline
 from spectune.demo.verdict import verdict
 from tests.cluster.support import REPO, Cluster
@@ -20,9 +26,34 @@ from tests.cluster.support import REPO, Cluster
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
+EARLIER = "threshold 8 -> 12 (an earlier run's)"
+
+
+def an_earlier_runs_event(cluster: Cluster) -> None:
+    """A ThresholdChanged Event about an earlier SpecDeployment `demo`, deleted since: Events
+    outlive their object, and a second `make demo` on a running cluster must not read it."""
+    with cluster.api() as admin:
+        core = client.CoreV1Api(admin)
+        with contextlib.suppress(ApiException):  # there already: the demo (or a test) made it
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+        now = datetime.now(UTC)
+        core.create_namespaced_event(
+            NAMESPACE,
+            {
+                "metadata": {"generateName": "demo."},
+                "involvedObject": {"apiVersion": "spectune.io/v1alpha1", "kind":
+                                   "SpecDeployment", "name": "demo", "namespace": NAMESPACE,
+                                   "uid": str(uuid.uuid4())},
+                "reason": CHANGED, "message": EARLIER, "type": "Normal",
+                "firstTimestamp": now, "lastTimestamp": now,
+            },
+        )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def demo(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("demo")
+    an_earlier_runs_event(cluster)
     run = subprocess.run(
         [sys.executable, "-m", "spectune.demo.run", "--phases", "quiet", "--window", "20",
          "--no-set-up", "--out", str(out), "--counterfactual-seconds", "5"],
@@ -46,6 +77,7 @@ def test_the_first_calibration_raises_the_threshold_and_says_why(demo) -> None:
     assert started and "no crossover measured yet" in started[0]
     changed = [m.message for m in timeline.marks if m.reason == CHANGED]
     assert any("threshold 8 -> 96" in m for m in changed), changed
+    assert not any(EARLIER in m for m in changed), changed
     result = verdict(timeline, min_changes=1)
     assert result.ok and len(result.changes) == 1 and result.unexplained == 0, result.lines()
     assert any(s.threshold == 8 for s in timeline.samples)  # the live view saw it move
@@ -81,8 +113,6 @@ def test_nothing_of_the_demo_keeps_running(cluster: Cluster, demo) -> None:
     assert not left, left
     assert not list((REPO / ".local" / "run").glob("demo-*.pid"))
     with cluster.api() as admin:
-        from kubernetes import client
-
         pods = client.CoreV1Api(admin).list_namespaced_pod("spectune-demo").items
         assert not [p.metadata.name for p in pods if not p.metadata.deletion_timestamp]
 
