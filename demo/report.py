@@ -1,14 +1,22 @@
-"""The demo's report: demo.md (what the demo showed, its phases, the operator's Events, the
-counterfactual goodput and the verdict), demo.json (the timeline itself, so the report can be
-rebuilt and checked) and two pictures: the threshold following the crossover, and goodput per
-phase and policy. Every simulated number says so: a simulated GPU's clock is not a GPU."""
+"""The demo's report: demo.md (what the demo showed, its phases, the operator's Events, each
+policy's throughput on each phase's batches and the verdict), demo.json (the timeline itself,
+so the report can be rebuilt and checked) and two pictures: the threshold following the
+crossover, and goodput per phase and policy. Every simulated number says so: a simulated GPU's
+clock is not a GPU."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
-from spectune.demo.timeline import TRIGGERED, Counterfactual, PhaseResult, Timeline
+from spectune.demo.timeline import (
+    ROLLED_BACK,
+    TRIGGERED,
+    Counterfactual,
+    PhaseResult,
+    Timeline,
+)
 from spectune.demo.verdict import Verdict, against_better_fixed, verdict
 from spectune.demo.view import (
     clock,
@@ -18,6 +26,7 @@ from spectune.demo.view import (
     threshold_text,
 )
 from spectune.engine.bench.report import markdown_table, pyplot, save_figure
+from spectune.operator.estimator import MIN_STEPS
 
 TOP = 1.25  # a None threshold (always speculate) is drawn this far above the largest value
 SKU_COLORS = ("C0", "C1", "C2", "C4", "C5", "C6")  # C3 (red) marks the calibrations
@@ -73,7 +82,7 @@ def markdown(
         _phase_table(timeline),
         "## The operator's Events",
         _marks_table(timeline),
-        "## Counterfactual goodput",
+        "## Each policy on each phase's batches",
         _counterfactual_section(timeline),
         "## Verdict",
         "\n".join(("  - " if line.startswith(" ") else "- ") + line.strip() for line in v.lines()),
@@ -94,8 +103,8 @@ def _summary(timeline: Timeline, v: Verdict) -> str:
         low, high = min(c.ratio for c in v.checks), max(c.ratio for c in v.checks)
         span = f"{low:.2f}x" if low == high else f"{low:.2f}x to {high:.2f}x"
         text += (
-            f"; where the batch reached the crossover its threshold served {span} the goodput "
-            "of the better fixed policy"
+            f"; where the batch reached the crossover its threshold served {span} the decode "
+            "throughput of the better fixed policy at the phase's batches"
         )
     text += f". Verdict: **{'passed' if v.ok else 'FAILED'}**."
     when = f"Started {timeline.started_at}."
@@ -164,46 +173,49 @@ def _marks_table(timeline: Timeline) -> str:
 
 
 def _counterfactual_section(timeline: Timeline) -> str:
-    measured = [p for p in timeline.phases if p.counterfactual is not None]
-    if not measured:
-        return "No counterfactual was measured."
-    sim = ", simulated" if timeline.simulated else ""
-    header = ["phase", "SKU", "clients per engine", "s per level", "auto (threshold)"]
-    header += ["never", "always", "auto ÷ better fixed (modelled)", "steps overrun"]
+    compared = [p for p in timeline.phases if p.counterfactual is not None]
+    if not compared:
+        return "No phase ran a batch bucket in both modes, so no policy could be compared."
+    sim = " (simulated)" if timeline.simulated else ""
+    header = ["phase", "SKU", "batches (share of decode time)", "decode time compared"]
+    header += [f"auto (threshold){sim}", "never", "always", "auto ÷ better fixed"]
     rows = []
-    for p in measured:
+    for p in compared:
         c = p.counterfactual
         assert c is not None
         ratio, better = against_better_fixed(c)
+        tps = c.gpu_tokens_per_s
         rows.append(
             [
                 p.name + (" *" if p.crosses else ""),
                 short_sku(p.sku),
-                "/".join(map(str, c.clients)),
-                f"{c.seconds:g}",
-                f"{_policy(c, 'auto')} ({threshold_text(c.threshold)})",
-                _policy(c, "never"),
-                _policy(c, "always"),
+                _batches(c),
+                f"{100 * c.compared:.0f}%",
+                f"{tps['auto']:.0f} ({threshold_text(c.threshold)})",
+                f"{tps['never']:.0f}",
+                f"{tps['always']:.0f}",
                 f"{ratio:.2f}x ({better})",
-                ", ".join(f"{k} {v:.0f}%" for k, v in c.overrun_percent.items()),
             ]
         )
     intro = (
-        f"Each policy on the phase's traffic{sim}: one engine of the phase's SKU, the phase's "
-        "levels of clients over its replicas, each for the seconds shown, one policy after "
-        "another; auto runs the threshold the operator chose. Each cell: goodput per engine "
-        "(SLO-met requests per wall-clock second) / the modelled GPU's decode tokens per "
-        "second (modelled: its own clock, unslowed). Where this CPU ran steps past the "
-        "modelled clock (steps overrun), the wall clock measures the CPU too, so the verdict "
-        "compares the modelled throughput. \\* the batch reached the crossover (or the "
-        "threshold, where only a bound was measured) at the phase's busiest level: only these "
-        "phases are checked."
+        "Each policy's decode tokens per second per engine on the phase's traffic, on the GPU's "
+        "clock: per batch bucket, each mode's throughput as the phase's engines measured it "
+        "(their exploration interleaves the two modes at the same batch sizes), weighted by "
+        "the bucket's share of their decode time, over the buckets measured in both modes "
+        f"(at least {MIN_STEPS} steps each; the share of decode time they hold is shown). Auto "
+        "runs the operator's threshold at the phase's end: it speculates in the buckets whose "
+        "batch is below it. Every policy meets the same batches: replaying the traffic under "
+        "each policy in turn on this CPU did not make the same batches (docs/PERFORMANCE.md). "
+        "\\* the batch reached the crossover (or the threshold, where only a bound was "
+        "measured) at the phase's busiest: only these phases are checked."
     )
     return intro + "\n\n" + markdown_table(header, rows)
 
 
-def _policy(c: Counterfactual, name: str) -> str:
-    return f"{getattr(c, name):.2f} / {c.gpu_tokens_per_s[name]:.0f}"
+def _batches(c: Counterfactual, least: float = 0.05) -> str:
+    """The batches that held at least `least` of the compared decode time, with their shares."""
+    held = [b for b in c.batches if b.share >= least]
+    return ", ".join(f"{b.batch} ({100 * b.share:.0f}%)" for b in held) or "-"
 
 
 def _steps_section(timeline: Timeline) -> str:
@@ -278,6 +290,13 @@ def plot_threshold(timeline: Timeline, path: Path) -> Path:
             label += f"\nat the top ({top:.0f}): none, always speculate"
         ys = [top if s.threshold is None else s.threshold for s in samples]
         ax.step([s.t for s in samples], ys, where="pre", lw=2.2, color="black", label=label)
+        backs = [m.t for m in timeline.marks if m.reason == ROLLED_BACK]
+        # each at the threshold the next sample read: the one it went back to
+        at = [
+            next((y for s, y in zip(samples, ys, strict=True) if s.t >= t), ys[-1]) for t in backs
+        ]
+        if backs:
+            ax.plot(backs, at, "X", ms=9, color="C3", zorder=4, label="rolled back (goodput fell)")
     triggers = [m for m in timeline.marks if m.reason == TRIGGERED]
     for i, m in enumerate(triggers):
         ax.axvline(
@@ -309,44 +328,50 @@ def plot_threshold(timeline: Timeline, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-# The bars of a phase: live goodput per engine, then each counterfactual policy.
-BARS = (("live", "C0"), ("auto", "C2"), ("never", "C7"), ("always", "C1"))
+# Each policy's bar in the policies' panel.
+POLICIES = (("auto", "C2"), ("never", "C7"), ("always", "C1"))
 
 
 def plot_goodput(timeline: Timeline, path: Path) -> Path:
-    """Per engine, grouped by phase: wall-clock goodput (what the live fleet served, then each
-    policy on the phase's traffic) and, beside it, the modelled GPU's decode throughput of each
-    policy, what the verdict compares; phases whose batch reaches the crossover are hatched and
-    starred, the only ones where the threshold can win or lose."""
+    """Per engine and phase: the live fleet's goodput (wall clock) and, beside it, each
+    policy's decode throughput on the phase's batches (the GPU's clock), what the verdict
+    compares; phases whose batch reaches the crossover are hatched and starred, the only ones
+    where the threshold can win or lose."""
     plt = pyplot()
     phases = timeline.phases
-    fig, axes = plt.subplots(1, 2, figsize=(max(10.0, 2.8 * len(phases) + 2), 4.8))
-    panels = (
-        (axes[0], BARS, "goodput per engine (SLO-met req/s, wall clock)", "%.2f"),
-        (axes[1], BARS[1:], "modelled GPU decode tokens/s per engine", "%.0f"),
+    fig, (live, policies) = plt.subplots(1, 2, figsize=(max(10.0, 2.8 * len(phases) + 2), 4.8))
+    hatches = ["//" if p.crosses else "" for p in phases]
+    bars = live.bar(
+        range(len(phases)),
+        [p.goodput_rps / max(p.replicas, 1) for p in phases],
+        0.5,
+        color="C0",
+        label="live, per engine",
+        edgecolor="white",
     )
-    for ax, bars_of, ylabel, fmt in panels:
-        width = 0.8 / len(bars_of)
-        for b, (name, color) in enumerate(bars_of):
-            xs, ys, hatches = [], [], []
-            for i, p in enumerate(phases):
-                value = _bar(p, name, modelled=ax is axes[1])
-                if value is not None:
-                    xs.append(i + (b - (len(bars_of) - 1) / 2) * width)
-                    ys.append(value)
-                    hatches.append("//" if p.crosses else "")
-            if not xs:
-                continue
-            label = "live, per engine" if name == "live" else f"{name} (counterfactual)"
-            bars = ax.bar(xs, ys, width, color=color, label=label, edgecolor="white")
-            for bar, hatch in zip(bars, hatches, strict=True):
-                bar.set_hatch(hatch)
-            ax.bar_label(bars, fmt=fmt, fontsize=7, padding=1)
-        ticks = [
-            f"{textwrap.fill(p.title, 18)}{' *' if p.crosses else ''}\n"
-            f"{short_sku(p.sku)}, {p.replicas} pod{'s' if p.replicas != 1 else ''}"
-            for p in phases
-        ]
+    _finish_bars(live, bars, hatches, "%.2f")
+    width = 0.8 / len(POLICIES)
+    shown = [(i, p.counterfactual) for i, p in enumerate(phases) if p.counterfactual is not None]
+    for b, (name, color) in enumerate(POLICIES if shown else ()):
+        bars = policies.bar(
+            [i + (b - (len(POLICIES) - 1) / 2) * width for i, _ in shown],
+            [c.gpu_tokens_per_s[name] for _, c in shown],
+            width,
+            color=color,
+            label=name,
+            edgecolor="white",
+        )
+        _finish_bars(policies, bars, [hatches[i] for i, _ in shown], "%.0f")
+    ticks = [
+        f"{textwrap.fill(p.title, 18)}{' *' if p.crosses else ''}\n"
+        f"{short_sku(p.sku)}, {p.replicas} pod{'s' if p.replicas != 1 else ''}"
+        for p in phases
+    ]
+    panels = (
+        (live, "goodput per engine (SLO-met req/s, wall clock)"),
+        (policies, "decode tokens/s per engine (GPU clock)"),
+    )
+    for ax, ylabel in panels:
         ax.set_xticks(range(len(phases)), ticks, fontsize=8)
         if not phases:
             ax.text(0.5, 0.5, "no phases", transform=ax.transAxes, ha="center")
@@ -355,17 +380,14 @@ def plot_goodput(timeline: Timeline, path: Path) -> Path:
             ax.legend(fontsize=8)
         ax.margins(y=0.12)
     fig.suptitle(
-        f"Goodput per phase and policy ({clock_label(timeline)})\n"
+        f"Goodput per phase, and each policy on its batches ({clock_label(timeline)})\n"
         "* hatched: the batch reached the crossover (or the threshold, for a bound)",
         fontsize=10,
     )
     return save_figure(fig, path)
 
 
-def _bar(p: PhaseResult, name: str, modelled: bool) -> float | None:
-    if name == "live":
-        return p.goodput_rps / max(p.replicas, 1)
-    c = p.counterfactual
-    if c is None:
-        return None
-    return c.gpu_tokens_per_s[name] if modelled else getattr(c, name)
+def _finish_bars(ax: Any, bars: Any, hatches: list[str], fmt: str) -> None:
+    for bar, hatch in zip(bars, hatches, strict=True):
+        bar.set_hatch(hatch)
+    ax.bar_label(bars, fmt=fmt, fontsize=7, padding=1)

@@ -5,8 +5,9 @@ Set-up (built or started when missing, each step timed): the cluster's binaries,
 models, the local cluster. Then the chart is installed, its operator runs here as the chart's
 ServiceAccount (kwok runs no containers), examples/autotune-demo.yaml is applied and the
 phases of phases.STORY reshape the fleet and the traffic, each waiting for the operator's
-calibration to finish. Last, each phase's traffic is replayed on an engine of its SKU of the
-demo's own under the operator's threshold, never and always speculating (the counterfactual).
+calibration to finish. Each phase's result says what the operator's threshold, never and
+always speculating serve at the batches its engines ran at, from what they measured in each
+mode there (the counterfactual, demo/counterfactual.py).
 
 Ctrl-C stops everything, the cluster included; a finished demo leaves the cluster up
 (`make demo-down` stops it)."""
@@ -27,25 +28,28 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from spectune.demo import cluster as k8s
+from spectune.demo.counterfactual import policies_on_batches
 from spectune.demo.phases import STORY, Phase
 from spectune.demo.report import write_report
 from spectune.demo.timeline import (
+    CHANGED,
+    ROLLED_BACK,
     TRIGGERED,
-    Counterfactual,
     Mark,
     PhaseResult,
     Sample,
     Step,
     Timeline,
 )
-from spectune.demo.traffic import Fleet, Shadow
+from spectune.demo.traffic import Fleet
 from spectune.demo.verdict import verdict
 from spectune.demo.view import short_sku, status_line
+from spectune.engine.bench.loadgen import NO_COUNTERS, Counters
 from spectune.engine.bench.schema import Slo
 
 TICK_SECONDS = 5.0
 SETTLE_TICKS = 1  # after the operator's reaction: the phase's steady state under its threshold
-DECIDED = ("ThresholdChanged", "ThresholdKept", "ThresholdRecommended", "RolledBack")
+DECIDED = (CHANGED, "ThresholdKept", "ThresholdRecommended", ROLLED_BACK)
 
 
 def say(text: str) -> None:
@@ -64,9 +68,8 @@ def free_ports(n: int) -> list[int]:
 
 
 class Demo:
-    def __init__(self, args: argparse.Namespace, cluster: k8s.Cluster, body: dict[str, Any]):
-        self.args, self.cluster, self.created = args, cluster, body
-        self.name = body["metadata"]["name"]
+    def __init__(self, cluster: k8s.Cluster, body: dict[str, Any]):
+        self.cluster, self.created, self.name = cluster, body, body["metadata"]["name"]
         spec = body["spec"]
         self.time_scale = float(spec["engine"]["podAnnotations"]["spectune.io/simulate-time-scale"])
         self.slo = Slo(
@@ -117,6 +120,7 @@ class Demo:
         await self.reshape(phase)
         started = self.now()
         samples: list[Sample] = []
+        ran = NO_COUNTERS  # by the phase's engines, after its first tick (the reshaping)
         reacted_at: float | None = None
         latest: str | None = None
         settled = 0
@@ -143,6 +147,8 @@ class Demo:
                 requests=tick.requests,
                 event=latest,
             )
+            if samples:
+                ran = ran + tick.counters.get(phase.sku, NO_COUNTERS)
             samples.append(sample)
             self.timeline.samples.append(sample)
             say(status_line(sample, number, phases, phase.name))
@@ -156,16 +162,22 @@ class Demo:
             elif self.now() - started > phase.max_seconds:
                 say(f"  -> no completed calibration within {phase.max_seconds:.0f} s; moving on")
                 break
-        return self.result(phase, started, samples, status)
+        return self.result(phase, started, samples, ran, status)
 
     def result(
-        self, phase: Phase, started: float, samples: list[Sample], status: dict[str, Any]
+        self,
+        phase: Phase,
+        started: float,
+        samples: list[Sample],
+        ran: Counters,
+        status: dict[str, Any],
     ) -> PhaseResult:
         steady = samples[1:] or samples
         batches = [s.batch[phase.sku] for s in steady if phase.sku in s.batch]
         overruns = [s.overrun_percent[phase.sku] for s in steady if phase.sku in s.overrun_percent]
         mine = next((s for s in status.get("perSku", []) if s["sku"] == phase.sku), {})
         seconds = TICK_SECONDS * len(samples)
+        threshold = mine.get("threshold", (status.get("threshold") or {}).get("current"))
         return PhaseResult(
             name=phase.name,
             title=phase.title,
@@ -175,74 +187,15 @@ class Demo:
             replicas=phase.replicas,
             clients=list(phase.clients),
             temperature=phase.temperature,
-            threshold=mine.get("threshold", (status.get("threshold") or {}).get("current")),
+            threshold=threshold,
             crossover=mine.get("batchSize"),
             crossover_reason=mine.get("reason", ""),
             mean_batch=round(sum(batches) / len(batches), 1) if batches else 0.0,
             peak_batch=max(batches, default=0.0),
             overrun_percent=round(sum(overruns) / len(overruns), 1) if overruns else 0.0,
             goodput_rps=round(sum(s.goodput_rps for s in samples) * TICK_SECONDS / seconds, 3),
+            counterfactual=policies_on_batches(ran, threshold, self.time_scale),
         )
-
-    async def counterfactuals(self) -> None:
-        """Each phase's traffic per engine on an engine of its SKU: the operator's threshold,
-        never and always, one after another (the order rotating between phases), each through
-        the phase's levels of clients."""
-        shadows: dict[str, Shadow] = {}
-        try:
-            for i, result in enumerate(self.timeline.phases):
-                if result.sku not in shadows:
-                    say(
-                        f"  starting a counterfactual engine on a simulated {short_sku(result.sku)}"
-                    )
-                    shadows[result.sku] = Shadow(
-                        result.sku, self.time_scale, self.args.out, k8s.OPERATOR_PID.parent
-                    )
-                    await shadows[result.sku].ready()
-                shadow = shadows[result.sku]
-                clients = [max(1, c // result.replicas) for c in result.clients]
-                policies: dict[str, int | None] = {
-                    "never": 0,
-                    "always": None,
-                    "auto": result.threshold,
-                }
-                t = result.threshold
-                if t is None or t <= 1 or t > max(clients):
-                    # never (no batch is below 1), or above every batch this load makes: always
-                    del policies["auto"]
-                order = list(policies)[i % len(policies) :] + list(policies)[: i % len(policies)]
-                runs = {}
-                for name in order:
-                    runs[name] = await shadow.goodput(
-                        policies[name],
-                        clients,
-                        result.temperature,
-                        self.args.counterfactual_seconds,
-                        self.slo,
-                    )
-                if "auto" not in runs:
-                    runs["auto"] = runs["never" if t is not None and t <= 1 else "always"]
-                result.counterfactual = Counterfactual(
-                    auto=round(runs["auto"].goodput_rps, 3),
-                    never=round(runs["never"].goodput_rps, 3),
-                    always=round(runs["always"].goodput_rps, 3),
-                    threshold=result.threshold,
-                    seconds=self.args.counterfactual_seconds,
-                    clients=clients,
-                    overrun_percent={k: round(runs[k].overrun_percent, 1) for k in order},
-                    gpu_tokens_per_s={k: round(r.gpu_tokens_per_s, 1) for k, r in runs.items()},
-                )
-                say(
-                    f"  {result.name} ({'/'.join(map(str, clients))} clients per engine): "
-                    + "; ".join(
-                        f"{k} {r.goodput_rps:.2f} req/s, {r.gpu_tokens_per_s:.0f} GPU tok/s "
-                        f"({r.overrun_percent:.0f}% overrun)"
-                        for k, r in runs.items()
-                    )
-                )
-        finally:
-            for s in shadows.values():
-                s.stop()
 
 
 def decided(marks: list[Mark], phase: str, status: dict[str, Any]) -> bool:
@@ -265,11 +218,17 @@ async def play_all(demo: Demo, story: tuple[Phase, ...]) -> None:
                 f"{'/'.join(map(str, phase.clients))} clients, "
                 f"temperature {phase.temperature:g})"
             )
-            demo.timeline.phases.append(await demo.play(number, phase, len(story)))
+            result = await demo.play(number, phase, len(story))
+            demo.timeline.phases.append(result)
+            if (c := result.counterfactual) is not None:
+                tps = c.gpu_tokens_per_s
+                say(
+                    f"  on this phase's batches ({100 * c.compared:.0f}% of its decode time "
+                    f"measured in both modes): auto {tps['auto']:.0f}, never {tps['never']:.0f}, "
+                    f"always {tps['always']:.0f} decode tokens/s per engine (simulated clock)"
+                )
     finally:
         await demo.fleet.stop()
-    say("\n== counterfactual: each phase's traffic under never and always speculating")
-    await demo.counterfactuals()
 
 
 def phases_named(text: str) -> tuple[Phase, ...]:
@@ -292,12 +251,6 @@ def main() -> None:
         "--window", type=int, help="tuning.calibrationWindowSeconds instead of the example's"
     )
     parser.add_argument("--out", type=Path, default=k8s.REPO / ".cache" / "demo")
-    parser.add_argument(
-        "--counterfactual-seconds",
-        type=float,
-        default=3.0,
-        help="each policy's run at each of a phase's levels of clients (default: 3)",
-    )
     parser.add_argument(
         "--no-set-up", dest="set_up", action="store_false", help="the cluster is up already (tests)"
     )
@@ -323,7 +276,7 @@ def main() -> None:
             )
         )
         say(f"  {steps[-1].name}: {steps[-1].seconds:.0f} s (operator log: {log})")
-        demo = Demo(args, cluster, body)
+        demo = Demo(cluster, body)
         demo.timeline.cold_steps = steps
         asyncio.run(play_all(demo, args.phases))
         demo.timeline.total_seconds = round(time.monotonic() - began, 1)

@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field
 # The operator's Events the timeline marks, and the ones that change a threshold.
 CHANGED = "ThresholdChanged"
 TRIGGERED = "CalibrationStarted"
-MARKED = (TRIGGERED, CHANGED, "ThresholdKept", "RolledBack", "ThresholdRecommended")
+ROLLED_BACK = "RolledBack"
+MARKED = (TRIGGERED, CHANGED, "ThresholdKept", ROLLED_BACK, "ThresholdRecommended")
 
 
 class Step(BaseModel):
@@ -51,26 +52,32 @@ class Mark(BaseModel):
     message: str
 
 
-class Counterfactual(BaseModel):
-    """Goodput per engine (SLO-met requests/s) of each policy on the phase's traffic, measured
-    one after another on one engine of the phase's SKU, through the phase's levels of clients
-    in turn: `auto` runs the threshold the operator chose, `never` and `always` the two fixed
-    policies. Wall-clock goodput counts this CPU wherever it ran a step past the modelled
-    clock; the modelled GPU's decode throughput does not, so the verdict compares that."""
+class PolicyAtBatch(BaseModel):
+    """One batch bucket a phase's engines ran in both modes, and what each mode's decode
+    throughput was there."""
 
-    auto: float
-    never: float
-    always: float
+    bucket: int
+    batch: int = Field(description="the mean running batch of its plain steps, rounded")
+    share: float = Field(description="its share of the compared buckets' decode time")
+    never: float = Field(description="decode tokens/s not speculating, on the GPU's clock")
+    always: float = Field(description="decode tokens/s speculating, on the GPU's clock")
+
+
+class Counterfactual(BaseModel):
+    """Each policy's decode throughput per engine on the phase's traffic (demo/counterfactual.py):
+    per batch bucket, each mode's throughput as the phase's engines measured it on the
+    simulated GPU's clock (exploration interleaves the modes at the same batches), weighted by
+    the bucket's share of their decode time. `auto` runs the threshold the operator chose,
+    `never` and `always` the two fixed policies; the verdict compares them."""
+
     threshold: int | None
-    seconds: float = Field(description="per level, per policy")
-    clients: list[int] = Field(description="per engine at each level: its clients over replicas")
-    overrun_percent: dict[str, float] = Field(
-        default_factory=dict,
-        description="policy -> iterations this CPU ran past the modelled GPU per 100 decode steps",
+    compared: float = Field(
+        description="share of the phase's decode time in buckets measured in both modes"
     )
+    batches: list[PolicyAtBatch]
     gpu_tokens_per_s: dict[str, float] = Field(
-        description="policy (auto, never, always) -> decode tokens per second of the modelled "
-        "GPU, on its own clock (modelled)"
+        description="policy (auto, never, always) -> decode tokens per second of the GPU, on "
+        "its own clock, over the compared buckets"
     )
 
 

@@ -1,6 +1,6 @@
 """The demo's load, from the bench's load generator: closed-loop clients that spread their
-requests over whichever engine pods are ready, and the counterfactual runs of the fixed
-policies on an engine of the phase's SKU of its own.
+requests over whichever engine pods are ready, and what the engines' own counters say they
+ran.
 
 Bounded like every load here: a fixed number of clients, each request with a timeout, and
 nothing sent after `stop()`."""
@@ -11,25 +11,12 @@ import asyncio
 import contextlib
 import functools
 import itertools
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from spectune.engine.bench.loadgen import (
-    NO_COUNTERS,
-    Bounds,
-    Counters,
-    Load,
-    RequestResult,
-    run_level,
-)
+from spectune.engine.bench.loadgen import NO_COUNTERS, Counters, RequestResult
 from spectune.engine.bench.loadgen import run_request as send
 from spectune.engine.bench.schema import Slo
 from spectune.engine.bench.targets import HttpTarget
@@ -61,17 +48,7 @@ class Tick:
     requests: int  # answered
     batch: dict[str, float]  # SKU -> mean running batch
     overrun_percent: dict[str, float]  # SKU -> iterations the CPU ran past the clock per 100 steps
-
-
-@dataclass(frozen=True)
-class PolicyRun:
-    """One policy's counterfactual run."""
-
-    goodput_rps: float  # SLO-met requests per wall-clock second
-    overrun_percent: float  # iterations this CPU ran past the modelled clock per 100 decode steps
-    # decode tokens per second of the modelled GPU, on its clock unslowed: what speculation
-    # changes, whatever this CPU's overruns did to the wall clock
-    gpu_tokens_per_s: float
+    counters: dict[str, Counters]  # SKU -> what its engines ran since the last tick, summed
 
 
 class Fleet:
@@ -137,15 +114,15 @@ class Fleet:
                     self.counters[url] = current
                 if current is not None and before is not None:
                     by_sku.setdefault(sku, []).append(current - before)
-        batch, overrun = {}, {}
+        batch, overrun, totals = {}, {}, {}
         for sku, deltas in by_sku.items():
             batches = [b for d in deltas if (b := d.mean_batch) is not None]
             if batches:
                 batch[sku] = round(sum(batches) / len(batches), 1)
-            total = sum(deltas, NO_COUNTERS)
+            totals[sku] = total = sum(deltas, NO_COUNTERS)
             if total.decode_steps:
                 overrun[sku] = round(100 * total.overruns / total.decode_steps, 1)
-        return Tick(met / seconds if seconds > 0 else 0.0, len(done), batch, overrun)
+        return Tick(met / seconds if seconds > 0 else 0.0, len(done), batch, overrun, totals)
 
     async def stop(self) -> None:
         for w in self.workers:
@@ -155,112 +132,3 @@ class Fleet:
         for t in self.targets.values():
             await t.__aexit__()
         self.targets = {}
-
-
-class Shadow:
-    """One engine outside the cluster, run as the pods run theirs (same model, method, k and
-    simulated SKU clock), for the counterfactual policies: the operator never sees it."""
-
-    def __init__(self, sku: str, time_scale: float, out: Path, pid_dir: Path) -> None:
-        self.time_scale = time_scale
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.token = os.urandom(16).hex()
-        token_file = out / f"shadow-{self.port}.token"
-        token_file.write_text(self.token)
-        token_file.chmod(0o600)
-        engine = str(Path(sys.executable).with_name("spectune-engine"))
-        cmd = [
-            engine,
-            "serve",
-            "--model",
-            "tiny-target",
-            "--method",
-            "ngram",
-            "--k",
-            "16",
-            "--max-batch-size",
-            "96",
-            "--max-queue",
-            "512",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--admin-token-file",
-            str(token_file),
-            "--simulate-device",
-            sku,
-            "--simulate-time-scale",
-            f"{time_scale:g}",
-        ]
-        log = (out / f"shadow-{self.port}.log").open("w")
-        self.process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.pid_file = pid_dir / f"demo-shadow-{self.port}.pid"  # for `make demo-down`
-        self.pid_file.write_text(str(self.process.pid))
-
-    async def ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the counterfactual engine exited ({self.process.returncode})")
-            with contextlib.suppress(Exception):
-                async with HttpTarget(self.url, None, None, 5) as t:
-                    await t.threshold()
-                    return
-            await asyncio.sleep(1)
-        raise RuntimeError(f"the counterfactual engine at {self.url} was not ready in time")
-
-    async def goodput(
-        self,
-        threshold: int | None,
-        levels: list[int],
-        temperature: float,
-        seconds: float,
-        slo: Slo,
-    ) -> PolicyRun:
-        """The engine at `threshold` under closed-loop clients, each level's count in turn for
-        `seconds` after a short warm-up at that load (its first requests all arrive at once):
-        equal time per level, as the phase's waves had. The modelled throughput is each
-        level's, averaged: pooled, a policy whose steps this CPU slowed would weigh its levels
-        differently from one it did not."""
-        met, window, measured, per_level = 0, 0.0, NO_COUNTERS, []
-        async with HttpTarget(self.url, None, self.token, REQUEST_TIMEOUT_S) as target:
-            await target.set_threshold(threshold)
-            specs = requests(temperature, f"counterfactual/{levels}/{temperature}")
-            for clients in levels:
-                load = Load("closed", clients)
-                warm_up = Bounds(10**6, seconds / 4, REQUEST_TIMEOUT_S)
-                await run_level(target, load, specs, warm_up)
-                before, began = await target.counters(), time.perf_counter()
-                results = await run_level(
-                    target, load, specs, Bounds(10**6, seconds, REQUEST_TIMEOUT_S)
-                )
-                window += time.perf_counter() - began
-                met += sum(r.meets(slo) for r in results)
-                after = await target.counters()
-                if before is not None and after is not None:
-                    level = after - before
-                    measured = measured + level
-                    busy = sum(m.seconds for m in level.steps.values())
-                    tokens = sum(m.tokens for m in level.steps.values())
-                    per_level.append(tokens / busy * self.time_scale if busy else 0.0)
-        steps = measured.decode_steps
-        return PolicyRun(
-            goodput_rps=met / window,
-            overrun_percent=100 * measured.overruns / steps if steps else 0.0,
-            gpu_tokens_per_s=sum(per_level) / len(per_level) if per_level else 0.0,
-        )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-        self.pid_file.unlink(missing_ok=True)

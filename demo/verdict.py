@@ -1,8 +1,8 @@
 """Whether the demo showed what it claims, read from the timeline alone: the operator moved the
 threshold several times, each move came out of a calibration that a named trigger started, and
 where the threshold matters (the batch reaches the crossover) the chosen threshold serves at
-least as much goodput as the better fixed policy. Pure functions, so they are tested without a
-cluster."""
+least as much as the better fixed policy (in decode throughput at the phase's batches:
+demo/counterfactual.py). Pure functions, so they are tested without a cluster."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ class Change:
 @dataclass(frozen=True)
 class GoodputCheck:
     """A phase where the threshold matters: the operator's threshold against the better of
-    the two fixed policies, measured on the same traffic (the phase's counterfactual), in
-    the modelled GPU's decode throughput."""
+    the two fixed policies on the same traffic (the phase's counterfactual), in decode
+    throughput at the phase's batches on the GPU's clock."""
 
     phase: str
     ratio: float
@@ -82,8 +82,8 @@ def goodput_checks(timeline: Timeline, tolerance: float) -> list[GoodputCheck]:
 
 
 def against_better_fixed(c: Counterfactual) -> tuple[float, str]:
-    """(auto ÷ the better fixed policy, which policy that is), in the modelled GPU's decode
-    throughput. Both fixed at 0: 1.0 when auto is 0 too (all alike), else inf (only auto
+    """(auto ÷ the better fixed policy, which policy that is), in decode throughput at the
+    phase's batches. Both fixed at 0: 1.0 when auto is 0 too (all alike), else inf (only auto
     served anything)."""
     auto, never, always = (c.gpu_tokens_per_s[k] for k in ("auto", "never", "always"))
     best = max(never, always)
@@ -130,10 +130,12 @@ class Verdict:
             verdict = "passes" if check.passed else f"fails (below {1 - self.tolerance:.2f}x)"
             lines.append(
                 f"phase {check.phase}: auto {check.ratio:.2f}x the better fixed policy "
-                f"({check.better}) in modelled GPU decode throughput — {verdict}"
+                f"({check.better}) in decode throughput at its batches — {verdict}"
             )
         if not self.checks:
-            lines.append("no phase reached the crossover with a counterfactual: goodput unchecked")
+            lines.append(
+                "no phase reached the crossover with a counterfactual: throughput unchecked"
+            )
         lines.append("verdict: " + ("passed" if self.ok else "FAILED"))
         return lines
 

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the operator moving speculation thresholds on the local cluster as the fleet and
 # the traffic change (demo/run.py; report in .cache/demo/). `make demo-down`
-# (this script with `down`) stops what it left running: its operator, its counterfactual
-# engines, the cluster.
+# (this script with `down`) stops what it left running: its operator, the cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ "${1:-}" == down ]]; then

@@ -9,6 +9,7 @@ from spectune.demo.timeline import (
     Counterfactual,
     Mark,
     PhaseResult,
+    PolicyAtBatch,
     Sample,
     Step,
     Timeline,
@@ -35,6 +36,23 @@ MARKS = [
 ]
 
 
+def counterfactual(
+    threshold: int | None, auto: float, never: float, always: float
+) -> Counterfactual:
+    """The policies' throughputs as given, over three batches (they need not add up: the
+    report and the verdict read the totals)."""
+    return Counterfactual(
+        threshold=threshold,
+        compared=0.9,
+        batches=[
+            PolicyAtBatch(bucket=24, batch=26, share=0.6, never=never, always=always),
+            PolicyAtBatch(bucket=48, batch=50, share=0.38, never=never, always=always),
+            PolicyAtBatch(bucket=64, batch=64, share=0.02, never=never, always=always),
+        ],
+        gpu_tokens_per_s={"auto": auto, "never": never, "always": always},
+    )
+
+
 def phases() -> list[PhaseResult]:
     return [
         PhaseResult(
@@ -53,15 +71,7 @@ def phases() -> list[PhaseResult]:
             peak_batch=8.0,
             overrun_percent=0.0,
             goodput_rps=1.5,
-            counterfactual=Counterfactual(
-                auto=1.52,
-                never=1.1,
-                always=1.52,
-                threshold=36,
-                seconds=10,
-                clients=[8],
-                gpu_tokens_per_s={"auto": 900.0, "never": 700.0, "always": 900.0},
-            ),
+            counterfactual=counterfactual(36, 900.0, 700.0, 900.0),
         ),
         PhaseResult(
             name="busy",
@@ -79,16 +89,7 @@ def phases() -> list[PhaseResult]:
             peak_batch=58.2,
             overrun_percent=3.4,
             goodput_rps=6.2,
-            counterfactual=Counterfactual(
-                auto=3.1,
-                never=3.04,
-                always=2.4,
-                threshold=34,
-                seconds=10,
-                clients=[32, 64, 96],
-                overrun_percent={"always": 2.0, "never": 0.0, "auto": 1.0},
-                gpu_tokens_per_s={"auto": 3100.0, "never": 3040.0, "always": 2400.0},
-            ),
+            counterfactual=counterfactual(34, 3100.0, 3040.0, 2400.0),
         ),
         PhaseResult(
             name="moved",
@@ -106,15 +107,7 @@ def phases() -> list[PhaseResult]:
             peak_batch=60.1,
             overrun_percent=12.5,
             goodput_rps=8.4,
-            counterfactual=Counterfactual(
-                auto=4.2,
-                never=4.25,
-                always=3.9,
-                threshold=48,
-                seconds=10,
-                clients=[32, 64, 96],
-                gpu_tokens_per_s={"auto": 4200.0, "never": 4250.0, "always": 3900.0},
-            ),
+            counterfactual=counterfactual(48, 4200.0, 4250.0, 3900.0),
         ),
     ]
 

@@ -1,9 +1,8 @@
-"""The demo (`make demo`) cut to its first phase (a short calibration window, short
-counterfactual runs) on the real local cluster: the chart installed, its operator run as the
-chart's ServiceAccount, real engines behind the pods, real Prometheus, and a counterfactual
-engine of the demo's own. The report must tell the run as it happened, and nothing of the demo
-may be left running. (The five phases take about 11 minutes on this machine, the
-counterfactuals 3 more: too long for `make test`; README, "The demo".)"""
+"""The demo (`make demo`) cut to its first phase (a short calibration window) on the real local
+cluster: the chart installed, its operator run as the chart's ServiceAccount, real engines
+behind the pods, real Prometheus. The report must tell the run as it happened, and nothing of
+the demo may be left running. (The five phases take about 11 minutes on this machine: too long
+for `make test`; README, "The demo".)"""
 
 from __future__ import annotations
 
@@ -56,7 +55,7 @@ def demo(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     an_earlier_runs_event(cluster)
     run = subprocess.run(
         [sys.executable, "-m", "spectune.demo.run", "--phases", "quiet", "--window", "20",
-         "--no-set-up", "--out", str(out), "--counterfactual-seconds", "5"],
+         "--no-set-up", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO,
     )  # fmt: skip
     print(run.stdout[-6000:], run.stderr[-3000:])
@@ -92,12 +91,16 @@ def test_the_report_tells_what_the_run_measured(demo) -> None:
     assert "simulated" in report
     (quiet,) = timeline.phases
     assert quiet.title in report
-    cf = quiet.counterfactual
-    # three clients on a simulated A100: every request meets the loose SLO in either policy
-    assert cf is not None and cf.never > 0 and cf.always > 0 and cf.clients == [3], cf
-    assert cf.auto == cf.always  # a threshold above every batch is always speculating
-    tps = cf.gpu_tokens_per_s  # the modelled GPU's decode throughput, what the verdict compares
-    assert tps["auto"] == tps["always"] > 0 and tps["never"] > 0, tps
+    cf = quiet.counterfactual  # each policy at the batches the engine ran, as it measured them
+    assert cf is not None and cf.compared > 0.5, cf  # 50% exploration for most of the phase
+    assert sum(b.share for b in cf.batches) == pytest.approx(1)
+    assert max(b.batch for b in cf.batches) <= 3, cf.batches  # three clients
+    tps = cf.gpu_tokens_per_s
+    assert tps["auto"] == tps["always"]  # a threshold above every batch is always speculating
+    # at these batches a verify forward costs what a plain one does (memory-bound): every
+    # accepted draft token is a gain, as the calibration found
+    assert tps["always"] > tps["never"] > 0, cf
+    assert "Each policy's decode tokens per second per engine" in report
     for mark in timeline.marks:
         assert mark.message[:40] in report
     for line in verdict(timeline, min_changes=1).lines():
@@ -107,7 +110,7 @@ def test_the_report_tells_what_the_run_measured(demo) -> None:
 
 
 def test_nothing_of_the_demo_keeps_running(cluster: Cluster, demo) -> None:
-    """Its operator and its counterfactual engine are gone, and so are its engine pods."""
+    """Its operator is gone, and so are its engine pods."""
     out, _ = demo
     left = [c for c in command_lines() if "--peering=spectune-demo" in c or str(out) in c]
     assert not left, left

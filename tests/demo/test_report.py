@@ -1,6 +1,7 @@
 """The demo's report tells the run's story from the timeline alone: every phase with its
-numbers, every Event, the counterfactuals, the verdict, the set-up, 'simulated' beside every
-simulated number, two real pictures, and a demo.json that gives the timeline back."""
+numbers, every Event, each policy on its batches, the verdict, the set-up,
+'simulated' beside every simulated number, two real pictures, and a demo.json that gives the
+timeline back."""
 
 from __future__ import annotations
 
@@ -91,35 +92,26 @@ def test_each_mark_is_on_the_timeline(report) -> None:
         ]
 
 
-def test_the_counterfactuals_the_verdict_and_the_set_up_are_reported(report) -> None:
+def test_the_modelled_policies_the_verdict_and_the_set_up_are_reported(report) -> None:
     t, out, _ = report
     md = (out / "demo.md").read_text()
     assert _rows(md, "busy *") == [
         [
             "busy *",
             "A100",
-            "32/64/96",
-            "10",
-            "3.10 / 3100 (34)",
-            "3.04 / 3040",
-            "2.40 / 2400",
+            "26 (60%), 50 (38%)",  # the batch under 5% of the time is left out
+            "90%",
+            "3100 (34)",
+            "3040",
+            "2400",
             "1.02x (never)",
-            "always 2%, never 0%, auto 1%",
         ]
     ]
+    assert _rows(md, "moved *")[0][4:] == ["4200 (48)", "4250", "3900", "0.99x (never)"]
     assert _rows(md, "quiet") == [
-        [
-            "quiet",
-            "A100",
-            "8",
-            "10",
-            "1.52 / 900 (36)",
-            "1.10 / 700",
-            "1.52 / 900",
-            "1.00x (always)",
-            "",
-        ]
+        ["quiet", "A100", "26 (60%), 50 (38%)", "90%", "900 (36)", "700", "900", "1.00x (always)"]
     ]
+    assert "auto (threshold) (simulated)" in md and "at least 20 steps each" in md
     for line in verdict(t).lines():
         assert f"- {line}\n" in md
     assert _rows(md, "simulated models") == [["simulated models", "95 s (1:35)"]]
@@ -132,8 +124,8 @@ def test_simulated_numbers_say_so(report) -> None:
     _, out, _ = report
     md = (out / "demo.md").read_text()
     assert "simulated A100, H100 clock, 20x slower" in md
-    assert "live goodput req/s (simulated)" in md and "phase's traffic, simulated" in md
-    assert "decode tokens per second (modelled" in md
+    assert "live goodput req/s (simulated)" in md
+    assert "auto (threshold) (simulated)" in md
 
 
 def test_the_pictures_are_real_pngs(report) -> None:

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from spectune.demo.timeline import CHANGED, TRIGGERED, Counterfactual, Timeline
+from spectune.demo.timeline import CHANGED, TRIGGERED, Timeline
 from spectune.demo.verdict import Change, goodput_checks, threshold_changes, verdict
 
-from .support import MARKS, mark, timeline
+from .support import MARKS, counterfactual, mark, timeline
 
 
 def _with_marks(*marks) -> Timeline:
@@ -70,15 +70,7 @@ def test_goodput_is_checked_only_where_the_batch_reaches_the_crossover() -> None
 def _one_phase(auto: float, never: float, always: float, **phase) -> Timeline:
     t = timeline()
     busy = t.phases[1]
-    c = Counterfactual(
-        auto=auto,
-        never=never,
-        always=always,
-        threshold=34,
-        seconds=10,
-        clients=[32, 64, 96],
-        gpu_tokens_per_s={"auto": auto, "never": never, "always": always},
-    )
+    c = counterfactual(34, auto, never, always)
     return t.model_copy(update={"phases": [busy.model_copy(update={"counterfactual": c, **phase})]})
 
 
@@ -118,10 +110,10 @@ def test_the_demo_timeline_passes_and_says_why() -> None:
     assert v.ok and v.unexplained == 0 and len(v.changes) == 3
     assert v.lines() == [
         "3 threshold changes, each after a calibration its trigger started",
-        "phase busy: auto 1.02x the better fixed policy (never) in modelled GPU decode "
-        "throughput — passes",
-        "phase moved: auto 0.99x the better fixed policy (never) in modelled GPU decode "
-        "throughput — passes",
+        "phase busy: auto 1.02x the better fixed policy (never) in decode throughput at its "
+        "batches — passes",
+        "phase moved: auto 0.99x the better fixed policy (never) in decode throughput at its "
+        "batches — passes",
         "verdict: passed",
     ]
 
