@@ -5,6 +5,8 @@
 #
 # Usage: hack/build-binaries.sh [-q] [GROUP...]   (groups: kubernetes etcd kwok prometheus helm;
 #                                                   default: all; -q: say nothing when cached)
+#        hack/build-binaries.sh --check [GROUP...]  exit 0 when nothing needs compiling (each
+#                                                   group installed or in the store), else 1
 #
 # Why it is shaped like this:
 # - A group whose binaries are already in .local/bin with the same key (hash of its go.mod,
@@ -172,14 +174,22 @@ build_group() {
   echo "build-binaries: built $g in $((SECONDS - start)) s"
 }
 
-quiet=0
-if [[ "${1:-}" == -q ]]; then
-  quiet=1
-  shift
-fi
+quiet=0 check=0
+case "${1:-}" in
+  -q) quiet=1; shift ;;
+  --check) check=1; shift ;;
+esac
 groups=("$@")
 [[ ${#groups[@]} -gt 0 ]] || groups=("${all_groups[@]}")
 for g in "${groups[@]}"; do group_binaries "$g" >/dev/null; done
+if [[ $check == 1 ]]; then
+  for g in "${groups[@]}"; do
+    key="$(group_key "$g")"
+    [[ -f "$bin_dir/.$g.key" && "$(cat "$bin_dir/.$g.key")" == "$key" ]] \
+      || [[ -f "$store/$g-$key/.complete" ]] || exit 1
+  done
+  exit 0
+fi
 # One build at a time on a machine: a second run (another checkout, a parallel test session)
 # waits, then finds the store filled.
 mkdir -p "$store"
