@@ -66,8 +66,9 @@ def test_the_shipped_trace_is_read_as_recorded_and_carries_its_attribution() -> 
     assert "Splitwise" in readme and "Azure Public Dataset" in readme
     # A wheel carries the trace and its README (package data), so a clone alone runs it.
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    globs = data["package-data"]["spectune.engine.bench"]
-    shipped = {p.name for g in globs for p in (ROOT / "engine/bench").glob(g)}
+    assert "spectune.engine.bench.traces" in data["packages"]
+    globs = data["package-data"]["spectune.engine.bench.traces"]
+    shipped = {p.name for g in globs for p in SHIPPED.parent.glob(g)}
     assert shipped == {SHIPPED.name, "README.md"}
 
 
