@@ -69,7 +69,7 @@ def free_ports(n: int) -> list[int]:
 
 class Demo:
     def __init__(self, cluster: k8s.Cluster, body: dict[str, Any]):
-        self.cluster, self.created, self.name = cluster, body, body["metadata"]["name"]
+        self.cluster, self.created = cluster, body
         spec = body["spec"]
         self.time_scale = float(spec["engine"]["podAnnotations"]["spectune.io/simulate-time-scale"])
         self.slo = Slo(
@@ -85,6 +85,10 @@ class Demo:
             started_at=datetime.now(UTC).isoformat(timespec="seconds"), time_scale=self.time_scale
         )
         self.seen = 0  # marks already in the timeline
+
+    @property
+    def name(self) -> str:
+        return self.created["metadata"]["name"]
 
     def now(self) -> float:
         return time.time() - self.t0
