@@ -177,7 +177,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
         "--temperature",
         type=float,
         default=0.0,
-        help="sampling temperature of the load's requests (default 0: greedy)",
+        help="sampling temperature of every request, a trace's too (default 0: greedy)",
     )
     bench.add_argument("--seed", type=int, default=0)
     _simulation_flags(bench)

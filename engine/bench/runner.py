@@ -108,7 +108,7 @@ class BenchSettings:
     prompts_file: Path | None = None
     prompt_len: int = 64
     output_lengths: str = "64"
-    temperature: float = 0.0  # of every load-level request
+    temperature: float = 0.0  # of every request, a trace replay's too
     slo: Slo = field(default_factory=lambda: Slo(ttft_ms=1000, tpot_ms=100))
     threshold: int | None = None  # gate here instead of at the measured crossover
     policies: tuple[str, ...] = ("never", "always", "gated")
@@ -171,8 +171,6 @@ def check(settings: BenchSettings) -> None:
             raise BenchError(str(err)) from None
     if not 0 <= s.temperature <= 100:
         raise BenchError(f"--temperature must be in [0, 100], got {s.temperature:g}")
-    if s.trace and s.temperature:
-        raise BenchError("--temperature applies to load levels; a trace replay is greedy")
     if not s.simulate_time_scale > 0:
         raise BenchError(f"--simulate-time-scale must be > 0, got {s.simulate_time_scale:g}")
 
@@ -358,7 +356,14 @@ async def _load_phase(state: _Run, target: Client) -> None:
             s.requests or len(s.trace.trace.requests), s.duration_s, s.request_timeout_s
         )
         await replay_policies(
-            target, s.trace, policies, bounds, s.slo, state.log, lambda r: state.update(trace=r)
+            target,
+            s.trace,
+            policies,
+            bounds,
+            s.slo,
+            state.log,
+            lambda r: state.update(trace=r),
+            s.temperature,
         )
         return
     state.update(load_sweep=_load_result(state, [], threshold, source))

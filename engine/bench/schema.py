@@ -193,6 +193,7 @@ class TraceReplay(Strict):
     clipped_output: int = Field(description="requests whose output was cut to fit")
     prompt_tokens_mean: float = Field(description="after scaling and clipping")
     output_tokens_mean: float = Field(description="after scaling and clipping")
+    temperature: float = Field(0.0, description="every request's; 0: greedy")
     window_s: float = Field(description="trace seconds per window")
     slo: Slo
     runs: list[TraceRun]

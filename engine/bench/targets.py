@@ -182,7 +182,8 @@ class HttpTarget:
     async def __aexit__(self, *_exc: object) -> None:
         try:
             if self._restore is not None:
-                await self._put_speculation({"threshold": self._restore["threshold"]})
+                changed = ("threshold", "exploration")
+                await self._put_speculation({k: self._restore[k] for k in changed})
         finally:
             await self._http.aclose()
 
@@ -220,9 +221,17 @@ class HttpTarget:
             raise RequestFailed(f"cannot reach {self.url}: {_reason(err)}") from None
 
     async def set_threshold(self, threshold: int | None) -> None:
+        await self._change({"threshold": threshold})
+
+    async def set_exploration(self, share: float) -> None:
+        """The share of iterations the engine runs in the other mode (what calibration
+        raises); put back on exit, like the threshold."""
+        await self._change({"exploration": share})
+
+    async def _change(self, body: dict[str, Any]) -> None:
         if self._restore is None:
             self._restore = await self._get_json("/admin/speculation")
-        await self._put_speculation({"threshold": threshold})
+        await self._put_speculation(body)
 
     async def threshold(self) -> int | None:
         state = await self._get_json("/admin/speculation")
@@ -241,7 +250,7 @@ class HttpTarget:
             raise BenchError(f"cannot reach {self.url}: {_reason(err)}") from None
         if response.status_code != 200:
             raise BenchError(
-                f"cannot set the speculation threshold: HTTP {response.status_code}: "
+                f"cannot change the speculation settings: HTTP {response.status_code}: "
                 f"{_message(response)}"
             )
 

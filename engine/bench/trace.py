@@ -247,9 +247,11 @@ async def replay(
     on_result: Callable[[RequestResult], None] = lambda _r: None,
     clock: Clock = time.perf_counter,
     sleep: Sleep = asyncio.sleep,
+    temperature: float = 0.0,
 ) -> Replay:
     """Send every request of `part` at start + its trace time / `speed` (prompts[i] for
-    request i), and sample the target at each window boundary while it runs."""
+    request i, sampled at `temperature`), and sample the target at each window boundary
+    while it runs."""
     results: list[RequestResult | None] = [None] * len(part.requests)
 
     async def one(item: tuple[int, RequestSpec]) -> None:
@@ -259,7 +261,7 @@ async def replay(
 
     start = clock()
     arrivals = (
-        (start + r.at_s / speed, (i, RequestSpec(prompts[i], r.max_tokens)))
+        (start + r.at_s / speed, (i, RequestSpec(prompts[i], r.max_tokens, temperature)))
         for i, r in enumerate(part.requests)
     )
     boundaries = [start + part.end_s / speed * w / windows for w in range(windows + 1)]
@@ -332,10 +334,13 @@ async def replay_policies(
     slo: Slo,
     log: Callable[[str], None],
     update: Callable[[TraceReplay], None],
+    temperature: float = 0.0,
 ) -> TraceReplay:
     """The bench's load phase for a trace: the same slice, the same prompts, under each
-    (policy, threshold) in turn ('current' leaves the target's threshold alone). `update`
-    receives the result after every policy, so a failure keeps what was measured."""
+    (policy, threshold) in turn ('current' leaves the target's threshold alone). A trace
+    records no sampling settings: every request samples at `temperature` (0: greedy; sampled
+    text accepts fewer drafted tokens, which moves the crossover). `update` receives the
+    result after every policy, so a failure keeps what was measured."""
     s = settings
     limits = [x for x in (target.max_model_len, s.max_len) if x is not None]
     if not limits:
@@ -358,6 +363,7 @@ async def replay_policies(
         clipped_output=sum(r.clipped_output for r in part.requests),
         prompt_tokens_mean=round(fmean(r.prompt_tokens for r in part.requests), 2),
         output_tokens_mean=round(fmean(r.max_tokens for r in part.requests), 2),
+        temperature=temperature,
         window_s=round(part.end_s / s.windows, 3),
         slo=slo,
         runs=[],
@@ -379,6 +385,7 @@ async def replay_policies(
                 s.windows,
                 bounds.request_timeout_s,
                 lambda _r: bar.update(),
+                temperature=temperature,
             )
         total = summarize(
             run.results,
@@ -429,6 +436,7 @@ def describe_replay(r: TraceReplay) -> str:
         f"lengths x{r.scale:g} fitted to {r.max_model_len} tokens: {r.clipped_context} "
         f"contexts and {r.clipped_output} outputs clipped; mean "
         f"{r.prompt_tokens_mean:g} prompt and {r.output_tokens_mean:g} output tokens"
+        + (f", sampled at temperature {r.temperature:g}" if r.temperature else ", greedy")
     )
 
 

@@ -474,6 +474,8 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
             "created": server.started,
             "owned_by": "spectune",
         }
+        if server.loop is not None and server.ready:  # the context length, as vLLM reports it
+            card["max_model_len"] = server.loop.engine.max_model_len
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})

@@ -151,9 +151,11 @@ class SlowServer:
         self.arrived: list[float] = []
         self.current: int | None = 7
         self.steps = 0
+        self.temperatures: list[float] = []
 
     async def stream(self, spec: RequestSpec) -> AsyncIterator[Output | Finished]:
         self.arrived.append(time.perf_counter())
+        self.temperatures.append(spec.temperature)
         await asyncio.sleep(self.delay_s)
         self.steps += 1
         yield Output()
@@ -201,9 +203,11 @@ def test_per_window_report_counts_arrivals_thresholds_and_clipping() -> None:
             Slo(ttft_ms=1000, tpot_ms=1000),
             lambda _line: None,
             updates.append,
+            temperature=0.7,
         )
     )
     assert (result.requests, result.stopped_by, result.trace_seconds) == (8, "end", 1.2)
+    assert result.temperature == 0.7 and server.temperatures == [0.7] * 16  # 8 per policy
     assert (result.max_model_len, result.clipped_context, result.clipped_output) == (64, 8, 0)
     assert (result.prompt_tokens_mean, result.output_tokens_mean) == (34, 30)
     assert updates[0].runs == [] and updates[-1] == result
@@ -239,7 +243,8 @@ def test_bench_replays_the_shipped_trace_and_reports_it(tiny_pair, tmp_path: Pat
         ["bench", "--model", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--device", "cpu",
          "--sweep", "load", "--threshold", "4", "--policies", "never,gated",
          "--trace", "azure-conv", "--trace-speed", "8", "--trace-scale", "0.1",
-         "--trace-max-len", "64", "--requests", "16", "--out", str(out)]
+         "--trace-max-len", "64", "--requests", "16", "--temperature", "1.5",
+         "--out", str(out)]
     )  # fmt: skip
     assert code == 0
     captured = capsys.readouterr()
@@ -251,6 +256,7 @@ def test_bench_replays_the_shipped_trace_and_reports_it(tiny_pair, tmp_path: Pat
     )
     t = result.trace
     assert result.status == "complete" and result.load_sweep is None
+    assert t.temperature == 1.5
     assert (t.source, t.requests, t.trace_requests, t.stopped_by) == (
         "azure-conv",
         16,

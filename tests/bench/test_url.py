@@ -5,6 +5,7 @@ readable line, a non-zero exit and what was measured on disk."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from spectune.engine.bench.schema import BenchResult
+from spectune.engine.bench.targets import HttpTarget
 from spectune.engine.cli import main
 from tests.server.conftest import Served, start_server, stop_server
 
@@ -98,14 +100,15 @@ def test_an_empty_prompt_file(tmp_path: Path, capsys) -> None:
     assert "holds no prompts" in error_line(capsys)
 
 
-def test_a_trace_replay_against_a_url(served: Served, tmp_path: Path, capsys) -> None:
-    """The server does not report its context length, so the replay asks for it; given
-    it, every window shows the threshold the server runs, read through its admin API."""
+def test_a_trace_replay_against_a_url(served: Served, tmp_path: Path) -> None:
+    """The replay fits its requests into the context length the server reports in
+    /v1/models (a smaller --trace-max-len wins); every window shows the threshold the
+    server runs, read through its admin API."""
     args = ("--url", served.url, "--policies", "current", "--trace", "azure-conv",
             "--trace-speed", "20", "--trace-scale", "0.05", "--requests", "8")  # fmt: skip
-    assert bench(tmp_path / "a", *args) == 2
-    assert "pass --trace-max-len" in error_line(capsys)
-    assert bench(tmp_path / "b", *args, "--trace-max-len", "256") == 0
+    assert bench(tmp_path / "a", *args, "--trace-max-len", "40") == 0
+    assert result(tmp_path / "a").trace.max_model_len == 40
+    assert bench(tmp_path / "b", *args) == 0
     trace = result(tmp_path / "b").trace
     (run,) = trace.runs
     assert (trace.max_model_len, run.total.policy, run.total.ok) == (256, "current", 8)
@@ -139,3 +142,18 @@ def test_sampled_requests_reach_the_server_as_sampled(tmp_path: Path) -> None:
 def test_a_temperature_out_of_range(tmp_path: Path, capsys) -> None:
     assert bench(tmp_path, "--temperature", "-1") != 0
     assert "--temperature must be in [0, 100], got -1" in error_line(capsys)
+
+
+def test_a_url_target_puts_back_the_exploration_it_raised(served: Served) -> None:
+    """What a benchmark of calibration's cost changes on a server it does not own."""
+
+    async def go() -> float:
+        token = served.token_file.read_text().strip()
+        async with HttpTarget(served.url, None, token, 60) as target:
+            await target.set_exploration(0.5)
+            return served.get("/admin/speculation").json()["exploration"]
+
+    before = served.get("/admin/speculation").json()
+    assert asyncio.run(go()) == 0.5
+    after = served.get("/admin/speculation").json()
+    assert (after["exploration"], after["threshold"]) == (before["exploration"], 6)

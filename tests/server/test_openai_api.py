@@ -15,8 +15,10 @@ def client(server: Served) -> OpenAI:
     return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def test_models_lists_the_served_model(client: OpenAI) -> None:
-    assert [m.id for m in client.models.list().data] == ["tiny-target"]
+def test_models_lists_the_served_model_and_its_context_length(client: OpenAI) -> None:
+    """max_model_len as vLLM reports it: what a load generator fits its requests into."""
+    (card,) = client.models.list().data
+    assert (card.id, card.max_model_len) == ("tiny-target", 256)
 
 
 def test_completion_with_usage(client: OpenAI) -> None:
