@@ -12,6 +12,10 @@ A100, slowed `--time-scale` times, not this CPU's. They hold only while the CPU 
 that clock, so the engine's overruns are counted and printed (at 4x, k=16 spec steps overran
 about twice a second, which slowed the speculating policies against plain decoding).
 
+With `--exploration-cost` it measures what a calibration costs instead: the same levels at the
+measured threshold, exploration at its base (2%) and at what a calibration raises it to (50%),
+in turns.
+
 With `--hover-minutes N` it measures flapping instead (issue 13, "Must show" 10): after the
 calibration the deployment stays Auto, with the default damping (`tuning.minDwellSeconds`
 300, a one-bucket dead band), while the load alternates between two levels either side of
@@ -19,7 +23,7 @@ the crossover for N minutes, and the operator's Events are counted.
 
 Usage: .venv/bin/python benchmarks/autotune_goodput.py [--levels 16,64] [--fixed 48]
        [--seconds 40] [--rounds 2] [--time-scale 16] [--out .cache/autotune-goodput]
-       [--hover-minutes 10 --hover-levels 28,44]
+       [--hover-minutes 10 --hover-levels 28,44] [--exploration-cost]
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from spectune.engine.bench.schema import LevelResult, Slo
 from spectune.engine.bench.targets import HttpTarget
 from spectune.engine.bench.workload import parse_lengths, request_stream, shipped_prompts
 from spectune.operator import render
+from spectune.operator.autotune import CALIBRATION_EXPLORATION_PERCENT
+from spectune.operator.models import TuningSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION_LEVELS = (16, 28, 44, 64)
@@ -61,7 +67,7 @@ def slo(time_scale: float) -> Slo:
     return Slo(ttft_ms=round(2000 * time_scale), tpot_ms=round(40 * time_scale))
 
 
-def specdeployment(name: str, time_scale: float, damped: bool) -> dict[str, Any]:
+def specdeployment(name: str, time_scale: float, damped: bool, target: Slo) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SpecDeployment",
@@ -84,8 +90,8 @@ def specdeployment(name: str, time_scale: float, damped: bool) -> dict[str, Any]
                 "threshold": {"mode": "Auto", "value": 1, "min": 1, "max": 96},
             },
             "slo": {
-                "ttftMilliseconds": slo(time_scale).ttft_ms,
-                "tpotMilliseconds": slo(time_scale).tpot_ms,
+                "ttftMilliseconds": target.ttft_ms,
+                "tpotMilliseconds": target.tpot_ms,
             },
             "tuning": {"calibrationWindowSeconds": round(30 * time_scale)}
             | ({} if damped else {"minDwellSeconds": 0}),
@@ -112,7 +118,9 @@ def wait(what: str, probe: Any, timeout: float) -> Any:
 class Setup:
     """A namespace, a SpecDeployment and an operator watching it; all removed on exit."""
 
-    def __init__(self, env: dict[str, str], log: Path, time_scale: float, damped: bool) -> None:
+    def __init__(
+        self, env: dict[str, str], log: Path, time_scale: float, damped: bool, target: Slo
+    ) -> None:
         kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig",
                    env["SPECTUNE_KUBECONFIG"]]  # fmt: skip
         for crd in ("specdeployments.spectune.io.yaml", "kopf-peering.yaml"):  # a fresh cluster
@@ -140,8 +148,19 @@ class Setup:
             VERSION,
             self.namespace,
             PLURAL,
-            specdeployment(self.name, time_scale, damped),
+            specdeployment(self.name, time_scale, damped, target),
         )
+
+    def exists(self) -> bool:
+        try:
+            self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.name
+            )
+        except client.ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
 
     def status(self) -> dict[str, Any]:
         sd = self.custom.get_namespaced_custom_object(
@@ -184,6 +203,14 @@ class Setup:
         )  # fmt: skip
 
     def close(self) -> None:
+        """The SpecDeployment first, while the operator runs to remove its finalizer (else
+        the namespace would stay Terminating), then the operator, the namespace, the peering."""
+        self.custom.delete_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.exists():
+            time.sleep(0.5)
         self.operator.send_signal(signal.SIGINT)
         try:
             self.operator.wait(20)
@@ -278,6 +305,9 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
             await hover(target, setup, args)
             return
         setup.pin(measured)
+        if args.exploration_cost:
+            await exploration_cost(target, args)
+            return
         policies: dict[str, int | None] = {"auto": measured, "never": 0, "always": None}
         policies |= {str(t): t for t in args.fixed if t != measured}
         before = await asyncio.to_thread(read_overruns, url)
@@ -328,6 +358,46 @@ async def hover(target: HttpTarget, setup: Setup, args: argparse.Namespace) -> N
     (args.out / "hover.json").write_text(json.dumps({"events": reasons, "counts": counts}))
 
 
+async def exploration_cost(target: HttpTarget, args: argparse.Namespace) -> None:
+    """The same levels at the measured threshold, with exploration at its base and at what a
+    calibration raises it to, in turns: the goodput a calibration window costs."""
+    shares = {
+        "base": TuningSpec().explorationPercent / 100,
+        "calibrating": CALIBRATION_EXPLORATION_PERCENT / 100,
+    }
+    rows: list[tuple[str, LevelResult]] = []
+    for clients, turn in itertools.product(args.levels, range(args.rounds)):
+        for name in list(shares)[turn % 2 :] + list(shares)[: turn % 2]:
+            await target.set_exploration(shares[name])
+            results = await level(target, clients, args.seconds, f"{clients}/{turn}")
+            row = summarize(
+                results, "current", None, Load("closed", clients), slo(args.time_scale), None
+            )
+            rows.append((name, row))
+            print(f"  {clients:3d} clients  {name:>11}: {row.goodput_rps:.3f} goodput req/s, "
+                  f"{row.output_tokens_per_s:.0f} tok/s", flush=True)  # fmt: skip
+    lines = ["| clients | goodput, base | goodput, calibrating | cost | tok/s cost |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for clients in args.levels:
+        med = {
+            (n, what): statistics.median(
+                getattr(r, what) for m, r in rows if m == n and r.load == clients
+            )
+            for n in shares
+            for what in ("goodput_rps", "output_tokens_per_s")
+        }
+        base, calibrating = med["base", "goodput_rps"], med["calibrating", "goodput_rps"]
+        tokens = 1 - med["calibrating", "output_tokens_per_s"] / med["base", "output_tokens_per_s"]
+        lines.append(
+            f"| {clients} | {base:.3f} | {calibrating:.3f} | {1 - calibrating / base:+.1%} "
+            f"| {tokens:+.1%} |"
+        )
+    print("\n".join(["", f"exploration {shares} (median of {args.rounds} rounds, "
+                         f"{args.seconds:g} s each; simulated A100 at {args.time_scale:g}x):",
+                         *lines]))  # fmt: skip
+    (args.out / "exploration-cost.md").write_text("\n".join(lines) + "\n")
+
+
 def numbers(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -342,10 +412,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / ".cache" / "autotune-goodput")
     parser.add_argument("--hover-minutes", type=float, default=0.0, help="measure flapping")
     parser.add_argument("--hover-levels", type=numbers, default=[28, 44], help="clients")
+    parser.add_argument(
+        "--exploration-cost", action="store_true", help="measure what calibrating costs"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     setup = Setup(
-        cluster_env(), args.out / "operator.log", args.time_scale, bool(args.hover_minutes)
+        cluster_env(),
+        args.out / "operator.log",
+        args.time_scale,
+        bool(args.hover_minutes),
+        slo(args.time_scale),
     )
     try:
         asyncio.run(main_async(args, setup))
