@@ -76,12 +76,8 @@ async def warm_up(target: HttpTarget, setup: Setup, settings: TraceSettings, arg
     while time.monotonic() - started < 1200:
         await replay(target, part, prompts, settings.speed, 1, REQUEST_TIMEOUT_S,
                      temperature=args.temperature)  # fmt: skip
-        status = await asyncio.to_thread(setup.status)
-        calibrated = next(
-            (c for c in status.get("conditions", []) if c["type"] == "Calibrated"), {}
-        )
-        if calibrated.get("status") == "True":
-            return status
+        if (await asyncio.to_thread(setup.condition, "Calibrated")).get("status") == "True":
+            return await asyncio.to_thread(setup.status)
         print(f"  warming up: {time.monotonic() - started:.0f} s, not calibrated yet", flush=True)
     sys.exit("trace_goodput: no calibration within 1200 s of warm-up (see the operator's log)")
 
@@ -196,14 +192,14 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
             target, settings, [("never", 0), ("always", None), ("gated", best)], seconds, args
         )
         overruns = await asyncio.to_thread(read_overruns, url) - overruns
-    whole = auto.model_copy(update={"runs": auto.runs + fixed.runs})
-    table = window_table(whole, a100.get("batchSize"))
+    both = auto.model_copy(update={"runs": auto.runs + fixed.runs})
+    table = window_table(both, a100.get("batchSize"))
     sweep_line = ", ".join(f"{label(r)}: {r.total.goodput_rps:.2f}" for r in sweep.runs)
     lines = [
-        f"trace {whole.source}: {whole.requests} requests, {whole.trace_seconds / 60:.0f} min "
-        f"at {whole.speed:g}x ({seconds / 60:.1f} min each), lengths x{whole.scale:g}, "
+        f"trace {both.source}: {both.requests} requests, {both.trace_seconds / 60:.0f} min "
+        f"at {both.speed:g}x ({seconds / 60:.1f} min each), lengths x{both.scale:g}, "
         f"temperature {args.temperature:g}; simulated A100 at {args.time_scale:g}x; "
-        f"SLO {whole.slo.ttft_ms} ms TTFT, {whole.slo.tpot_ms} ms TPOT (wall clock); "
+        f"SLO {both.slo.ttft_ms} ms TTFT, {both.slo.tpot_ms} ms TPOT (wall clock); "
         f"{overruns:.0f} iterations overran the modelled clock",
         f"warm-up calibration: {a100['reason']}; Events during Auto's replay: {reasons}",
         f"sweep over {sweep.source} (goodput req/s): {sweep_line}",
@@ -215,12 +211,12 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
     (args.out / "trace-goodput.md").write_text("\n".join(lines) + "\n")
     (args.out / "trace-goodput.json").write_text(
         json.dumps(
-            {"replay": whole.model_dump(), "sweep": sweep.model_dump(), "warm_up": status,
+            {"replay": both.model_dump(), "sweep": sweep.model_dump(), "warm_up": status,
              "events": reasons, "overruns": overruns},
             indent=2,
         )
     )  # fmt: skip
-    plot_trace(whole, args.out / "trace-goodput.png")
+    plot_trace(both, args.out / "trace-goodput.png")
 
 
 def main() -> None:
