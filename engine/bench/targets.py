@@ -88,7 +88,9 @@ class EngineTarget:
         except (InvalidRequest, Overloaded, Draining) as err:
             raise RequestFailed(str(err)) from None
         except asyncio.CancelledError:  # timed out while queueing: cancel it once it exists
-            submit.add_done_callback(self._cancel_submitted)
+            cleanup = asyncio.ensure_future(self._cancel_once_submitted(submit))
+            self._cleanups.add(cleanup)
+            cleanup.add_done_callback(self._cleanups.discard)
             raise
         tokens, finished = 0, False
         try:
@@ -106,11 +108,13 @@ class EngineTarget:
                 with contextlib.suppress(Exception):
                     await self.loop.cancel(stream, "error")
 
-    def _cancel_submitted(self, submit: asyncio.Future) -> None:
-        if not submit.cancelled() and submit.exception() is None:
-            cleanup = asyncio.ensure_future(self.loop.cancel(submit.result(), "error"))
-            self._cleanups.add(cleanup)
-            cleanup.add_done_callback(self._cleanups.discard)
+    async def _cancel_once_submitted(self, submit: asyncio.Future) -> None:
+        """Registered at once, so that leaving the context waits for a submit still queued."""
+        try:
+            stream = await submit
+        except (InvalidRequest, Overloaded, Draining):
+            return
+        await self.loop.cancel(stream, "error")
 
     async def set_threshold(self, threshold: int | None) -> None:
         settings = self.loop.speculation.model_copy(update={"threshold": threshold})

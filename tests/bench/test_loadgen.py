@@ -71,6 +71,21 @@ def test_a_timed_out_request_is_an_error_and_frees_the_engine(tiny_engine) -> No
     assert not busy
 
 
+def test_leaving_the_target_waits_for_a_request_that_timed_out_while_queueing(tiny_engine) -> None:
+    """The submit is still behind a slow command when the level ends; it is cancelled anyway."""
+
+    async def go():
+        async with EngineTarget(tiny_engine) as target:
+            stall = asyncio.ensure_future(target.loop.call(lambda: time.sleep(0.5)))
+            results = await run_level(target, Load("closed", 1), specs(), Bounds(1, 60, 0.01))
+            assert not stall.done()
+        return results
+
+    results = asyncio.run(go())
+    assert results[0].error == "no complete answer within 0.01 s"
+    assert not tiny_engine.has_work()
+
+
 def test_the_engine_keeps_serving_after_a_request_gave_up_while_queueing(tiny_engine) -> None:
     """A caller cancelled before its command ran must not take the engine loop down."""
 
