@@ -32,6 +32,7 @@ from spectune.operator.triggers import (
     clamp,
     compare_goodput,
     damp,
+    past_bound,
     queueing_warning,
     replicas_changed,
     skus_changed,
@@ -153,6 +154,7 @@ def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) 
             if baseline_traffic is not None
             else None
         )
+        or past_bound(base.bounds, obs.window.steps)
         or too_old(measured, obs.now, timedelta(seconds=spec.tuning.maxAgeSeconds))
     )
 
@@ -252,8 +254,16 @@ def _decide(
     for sku, est in estimates.items():
         current = old.get(sku, state.threshold.current)
         unmeasured = sku not in old and state.threshold.source != "Measured"
+        clear = est.flips_a_clear_bucket(current, clamp(est.threshold, t.min, t.max))
         damped = damp(
-            current, est.threshold, t.min, t.max, None if unmeasured else last_change, now, dwell
+            current,
+            est.threshold,
+            t.min,
+            t.max,
+            None if unmeasured else last_change,
+            now,
+            dwell,
+            dead_band_buckets=0 if clear else 1,
         )
         move = auto and damped.action == "change"
         changed |= move
@@ -297,6 +307,11 @@ def _decide(
         k=spec.speculation.numSpeculativeTokens,
         measuredAt=_iso(now),
         traffic=_traffic_dict(window.traffic),  # the load the crossover was measured under
+        bounds={
+            sku: e.bound
+            for sku, e in estimates.items()
+            if e.bound is not None and e.bound < t.max  # at max, larger batches change nothing
+        },
     )
     update: dict[str, object] = {"baseline": baseline}
     if changed:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spectune.engine.contract import BATCH_BUCKETS
 from spectune.engine.crossover import (
     Crossover,
     ModeStats,
@@ -24,6 +25,9 @@ from spectune.engine.crossover import (
 # Steps per mode in a bucket for a bucket's throughput to count as measured; the explored
 # mode gets only a few percent of the iterations, so this is what calibration waits for.
 MIN_STEPS = 20
+# A measured speedup at least this far from 1 is no noise: a threshold move that flips such a
+# bucket's mode is made even within the dead band.
+CLEAR_SPEEDUP = 0.1
 # Steps per mode in the deciding buckets for full confidence (the noise of a mean of n
 # step times falls as 1/sqrt(n): 200 steps of 10% noise give under 1%).
 CONFIDENT_STEPS = 200
@@ -46,13 +50,34 @@ class Estimate:
 
     @property
     def threshold(self) -> int | None:
-        """The gate threshold the estimate asks for (see Crossover.threshold), except that a
-        curve below 1 from its first measured bucket turns speculation off only from that
-        bucket up: speedup falls as the batch grows, so not paying at 32 says nothing against
-        16, which the window did not measure (a bench sweep from batch 1 would have)."""
+        """The gate threshold the estimate asks for (see Crossover.threshold), except at the
+        edges of what the window measured. Speedup falls as the batch grows, so a curve above 1
+        in every measured bucket says nothing of larger batches: speculation runs through the
+        largest measured bucket and stops at the next (a trigger re-measures once traffic runs
+        there). Alike, a curve below 1 from its first measured bucket turns speculation off
+        only from that bucket up: not paying at 32 says nothing against 16."""
         if self.crossover.status == "never_pays":
             return self.curve[0].batch
+        if self.crossover.status == "always_pays":
+            return self.bound
         return self.crossover.threshold
+
+    @property
+    def bound(self) -> int | None:
+        """For a curve that pays in every measured bucket: the batch where the measured range
+        ends (the next bucket's lower edge), None past the last bucket or for other curves."""
+        return _bound(self.crossover, self.curve)
+
+    def flips_a_clear_bucket(self, a: int | None, b: int | None) -> bool:
+        """Whether moving the threshold from a to b changes the mode in a measured bucket whose
+        speedup is clearly not 1 (batches from the lower threshold up to the higher change
+        mode; None is above every batch). The dead band holds one-bucket moves because the
+        crossover is only located within a bucket, not moves that measurement clearly asks for:
+        threshold 1 runs batch 1 plain, where speculation may pay by half."""
+        low, high = sorted(math.inf if t is None else t for t in (a, b))
+        return any(
+            low <= p.batch < high and abs(p.speedup - 1) >= CLEAR_SPEEDUP for p in self.curve
+        )
 
     def compact_curve(self) -> dict[str, float]:
         """Bucket -> speedup, rounded, for status (string keys: JSON objects)."""
@@ -119,6 +144,12 @@ def _deciding(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> list[Spe
     return list(curve[:1])
 
 
+def _bound(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> int | None:
+    if crossover.status != "always_pays":
+        return None
+    return next((b for b in BATCH_BUCKETS if b > curve[-1].batch), None)
+
+
 def _confidence(
     crossover: Crossover, curve: tuple[SpeedupPoint, ...], confident_steps: int
 ) -> float:
@@ -145,6 +176,9 @@ def _reason(
         bound = f"above {curve[-1].batch}, the largest batch measured in both modes"
         if largest is not None and largest > curve[-1].batch:
             bound += f" (traffic reached {largest}, not yet sampled in both modes)"
+        stop = _bound(crossover, curve)
+        if stop is not None:
+            bound += f"; speculating below {stop} until larger batches are measured"
         return f"speculation pays at every batch measured: crossover {bound}"
     if crossover.status == "never_pays":
         first = curve[0].batch

@@ -196,6 +196,11 @@ class Baseline(BaseModel):
     k: int
     measuredAt: str
     traffic: dict[str, float] = Field(default_factory=dict)
+    bounds: dict[str, int] = Field(
+        default_factory=dict,
+        description="SKU -> the batch where the measured range ended, for SKUs where "
+        "speculation paid at every batch measured: traffic running past it re-measures",
+    )
 
 
 class CalibrationStatus(BaseModel):

@@ -10,12 +10,14 @@ always a parameter, so every decision here is reproducible in a test.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Literal
 
 from spectune.engine.contract import BATCH_BUCKETS, batch_bucket
+from spectune.engine.crossover import StatsByBucket
+from spectune.operator.estimator import MIN_STEPS
 from spectune.operator.models import SpecDeploymentSpec
 
 # Initial: nothing measured yet (a new SpecDeployment, or Manual switched to Auto).
@@ -169,6 +171,29 @@ def traffic_shifted(
                 f"{label} moved by at least {min(changes, key=abs):+.0f}% "
                 f"({base:.3g} -> {median:.3g}) over {windows} windows, "
                 f"beyond the {percent:g}% trafficChangePercent",
+            )
+    return None
+
+
+def past_bound(
+    bounds: Mapping[str, int],
+    steps: Mapping[str, StatsByBucket],
+    share: float = 0.5,
+    min_steps: int = MIN_STEPS,
+) -> Reason | None:
+    """Where speculation paid at every batch the last calibration measured, its threshold
+    stops speculation where the measured range ended and the crossover lies somewhere above.
+    Once most of a window's decode steps on that SKU run at or past that batch (at least
+    `min_steps` of them), the load has come round to the batches still unmeasured."""
+    for sku, bound in sorted(bounds.items()):
+        stats = steps.get(sku, {})
+        total = sum(s.steps for s in stats.values())
+        past = sum(s.steps for (_, bucket), s in stats.items() if bucket >= bound)
+        if past >= min_steps and past >= share * total:
+            return Reason(
+                "Traffic",
+                f"{sku}: {past / total:.0%} of decode steps ran at batch {bound} or more, past "
+                "the batches where speculation was measured to pay",
             )
     return None
 

@@ -63,24 +63,25 @@ def demo(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     return out, run.stdout
 
 
-def test_the_first_calibration_raises_the_threshold_and_says_why(demo) -> None:
+def test_the_first_calibration_moves_the_threshold_and_says_why(demo) -> None:
     """A few clients: speculation pays at every batch they make, so the first calibration
-    moves the example's start value (8) to threshold.max (96), and the Events say so."""
+    moves the example's start value (8) to just past those batches (the next bucket above 3),
+    not beyond what it measured, and the Events say so."""
     out, stdout = demo
     timeline = Timeline.model_validate_json((out / "demo.json").read_text())
     (quiet,) = timeline.phases
-    assert quiet.name == "quiet" and quiet.threshold == 96, quiet
+    assert quiet.name == "quiet" and quiet.threshold == 4, quiet
     assert quiet.crossover is None and not quiet.crosses
     assert 2 <= quiet.mean_batch <= quiet.peak_batch <= 3, quiet  # three closed-loop clients
     started = [m.message for m in timeline.marks if m.reason == TRIGGERED]
     assert started and "no crossover measured yet" in started[0]
     changed = [m.message for m in timeline.marks if m.reason == CHANGED]
-    assert any("threshold 8 -> 96" in m for m in changed), changed
+    assert any("threshold 8 -> 4" in m and "pays at every batch measured" in m for m in changed)
     assert not any(EARLIER in m for m in changed), changed
     result = verdict(timeline, min_changes=1)
     assert result.ok and len(result.changes) == 1 and result.unexplained == 0, result.lines()
     assert any(s.threshold == 8 for s in timeline.samples)  # the live view saw it move
-    assert timeline.samples[-1].threshold == 96
+    assert timeline.samples[-1].threshold == 4
     assert "the operator reacted after" in stdout
 
 

@@ -212,10 +212,32 @@ def test_a_bound_waits_for_the_window_a_crossing_does_not() -> None:
     bound = window({H100: curve(100, buckets=small)})
     assert step(s, exploring, observe(20, bound)).state.calibration.phase == "Exploring"
     ended = step(s, exploring, observe(WINDOW, bound))
-    assert "ThresholdChanged" in reasons(ended) and ended.state.threshold.current == 256  # max
+    assert "ThresholdChanged" in reasons(ended)
+    assert ended.state.threshold.current == 24  # through bucket 16 and no further
     crossing = step(s, exploring, observe(20, window({H100: curve(12, buckets=small)})))
     assert crossing.state.calibration.phase == "Verifying", crossing.events
     assert crossing.state.crossover.batchSize == 13  # 12.9, interpolated between 8 and 16
+
+
+def test_traffic_past_a_bound_re_measures_the_batches_it_reaches() -> None:
+    """Speculation paid at every batch up to bucket 16: it stops at 24, and once most decode
+    steps run at 24 or more (mostly plain there) a calibration measures those batches."""
+    s = spec()
+    small = (1, 2, 4, 8, 16)
+    state = calibrate(s, fresh(s), 0, {H100: curve(100, buckets=small)})
+    assert state.threshold.current == 24
+    assert state.calibration.baseline is not None
+    assert state.calibration.baseline.bounds == {H100: 24}
+    state = step(s, state, observe(2 * WINDOW, window({H100: curve(100, buckets=small)}))).state
+    assert state.calibration.phase == "Idle"
+    as_before = observe(4 * WINDOW, window({H100: curve(100, buckets=small)}))
+    assert step(s, state, as_before).state == state
+    some = window({H100: curve(100, buckets=small) | curve(100, buckets=(24,))})  # 1 in 6
+    assert step(s, state, observe(4 * WINDOW, some)).state == state
+    most = window({H100: curve(100, buckets=(1, 2)) | curve(100, buckets=(24, 32, 48))})
+    started = step(s, state, observe(4 * WINDOW, most))
+    assert started.state.calibration.trigger == "Traffic"
+    assert f"{H100}: 60% of decode steps ran at batch 24 or more" in started.events[0].message
 
 
 def test_a_change_that_makes_requests_queue_is_verified_with_a_warning() -> None:
@@ -305,6 +327,11 @@ def test_damping_holds_a_move_within_the_dwell_time_or_the_dead_band() -> None:
     assert near.threshold.current == 12  # 16 is one bucket up: within the dead band
     far = calibrate(s, state, 400, {H100: curve(32)}, replicas=3)
     assert far.threshold.current == 32 and far.calibration.phase == "Verifying"
+
+    # a one-bucket move that turns speculation on where it was measured to pay by far is made
+    on = spec(value=1)  # batch 1 runs plain
+    light = calibrate(on, fresh(on), 0, {H100: curve(100, buckets=(1,))})  # speedup 4 at 1
+    assert light.threshold.current == 2 and light.calibration.phase == "Verifying"
 
 
 def test_two_skus_get_a_threshold_each() -> None:

@@ -111,7 +111,10 @@ def test_traffic_below_the_crossover_gives_an_honest_lower_bound() -> None:
     assert est.largest_batch_seen == 32
     assert "above 24, the largest batch measured in both modes" in est.reason
     assert "traffic reached 32" in est.reason
-    assert est.threshold is None  # keep speculating; clamp() bounds it by threshold.max
+    # speculation runs through the largest bucket measured (24..31) and stops where it ends:
+    # whether it pays at 32 is what a calibration under that traffic will measure
+    assert est.threshold == est.bound == 32
+    assert "speculating below 32 until larger batches are measured" in est.reason
 
 
 def test_speculation_that_never_pays_says_so() -> None:
