@@ -178,7 +178,7 @@ def _reason(
             bound += f" (traffic reached {largest}, not yet sampled in both modes)"
         stop = _bound(crossover, curve)
         if stop is not None:
-            bound += f"; speculating below {stop} until larger batches are measured"
+            bound += f"; asks for threshold {stop}, where the measured batches end"
         return f"speculation pays at every batch measured: crossover {bound}"
     if crossover.status == "never_pays":
         first = curve[0].batch

@@ -114,7 +114,7 @@ def test_traffic_below_the_crossover_gives_an_honest_lower_bound() -> None:
     # speculation runs through the largest bucket measured (24..31) and stops where it ends:
     # whether it pays at 32 is what a calibration under that traffic will measure
     assert est.threshold == est.bound == 32
-    assert "speculating below 32 until larger batches are measured" in est.reason
+    assert "asks for threshold 32, where the measured batches end" in est.reason
 
 
 def test_speculation_that_never_pays_says_so() -> None:
