@@ -71,7 +71,8 @@ def test_a_shift_to_text_drafting_accepts_poorly_lowers_the_threshold(
     tuner: str,
 ) -> None:
     """Greedy traffic first: the first calibration finds speculation paying at every batch it
-    measured and speculates up to the bucket past them. The same clients then sample (temperature
+    measured (a bound: it asks for the bucket past them, 64, and the dead band may keep the start
+    value 96, one bucket above). The same clients then sample (temperature
     1.0): three idle windows in a row see the acceptance rate fall by more than
     trafficChangePercent, a calibration starts saying so, and the threshold it measures is more
     than the dead band lower; the engine runs it."""
