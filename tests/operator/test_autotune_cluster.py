@@ -351,7 +351,8 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
     reaches, and the measured crossover is within one batch bucket of the device model's for
     what the engine ran (tokens drafted and committed per spec step, from its own counters).
     The others get light traffic: speculation pays at every batch it makes, so their threshold
-    stops it just past those batches, and each pod runs its own SKU's threshold.
+    stops it just past those batches (or stays a bucket below, the dead band), and each pod runs
+    its own SKU's threshold.
     The pods' clocks run 4x slower than the SKU (the runner's default is 16): the modelled
     step times are the same, and each bucket gets its samples sooner."""
     namespace, name = tuner, "mixed"
@@ -401,7 +402,8 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
         assert per_sku[A100]["threshold"] > START
         light_batches = "speculation pays at every batch measured"
         assert light_batches in per_sku[H100]["reason"], per_sku[H100]
-        assert 1 < per_sku[H100]["threshold"] <= 4 < per_sku[A100]["threshold"], per_sku
+        # the bound, or the start value one bucket below it where the dead band held the move
+        assert per_sku[H100]["threshold"] <= 4 < per_sku[A100]["threshold"], per_sku
         # every engine runs its SKU's threshold (a push that timed out on a busy engine is
         # retried at the next resync)
         want = {url: per_sku[sku]["threshold"] for url, sku in sku_of.items()}
