@@ -400,10 +400,12 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
         assert per_sku[A100].get("batchSize") is not None, per_sku[A100]
         assert buckets_apart(per_sku[A100]["batchSize"], truth) <= 1, (per_sku[A100], truth)
         assert per_sku[A100]["threshold"] > START
-        light_batches = "speculation pays at every batch measured"
-        assert light_batches in per_sku[H100]["reason"], per_sku[H100]
-        # the bound, or the start value one bucket below it where the dead band held the move
-        assert per_sku[H100]["threshold"] <= 4 < per_sku[A100]["threshold"], per_sku
+        # six light clients over three pods make batches of at most 6: a light SKU's threshold
+        # stays within them (a bound stops at 8, the bucket past 6; a crossover measured among
+        # them, where speedup sits near 1, is lower), never the maximum an unbounded "pays at every
+        # batch" would ask for
+        for sku in (H100, L4):
+            assert per_sku[sku]["threshold"] <= 8 < per_sku[A100]["threshold"], per_sku
         # every engine runs its SKU's threshold (a push that timed out on a busy engine is
         # retried at the next resync)
         want = {url: per_sku[sku]["threshold"] for url, sku in sku_of.items()}
