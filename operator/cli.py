@@ -23,7 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the operator (in-cluster credentials, else $KUBECONFIG)")
     run.add_argument("--namespace", action="append", help="watch only these (default: all)")
     run.add_argument(
-        "--peering", default="spectune", help="ClusterKopfPeering to meet other replicas in"
+        "--peering",
+        default="spectune",
+        help="ClusterKopfPeering to meet other replicas in (created when missing)",
+    )
+    run.add_argument(
+        "--peering-owner",
+        metavar="CLUSTERROLE",
+        help="the peering's owner: deleting this ClusterRole (the chart's) deletes the peering",
     )
     run.add_argument(
         "--priority",
@@ -96,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from spectune.operator import handlers
+    from spectune.operator import handlers, peering
 
     labels = label_names(args)
 
@@ -123,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
         # kopf meets namespaced replicas in per-namespace KopfPeerings; ours meet in the one
         # ClusterKopfPeering whichever namespaces they watch.
         settings.peering.clusterwide = True
+        peering.ensure(args.peering, args.peering_owner)
 
     kopf.run(
         clusterwide=not args.namespace,

@@ -16,6 +16,19 @@ from tests.cluster.support import REPO
 from .support import CHART, INVALID, KUBE_VERSION, VALUES, find, helm, one, render
 
 RULES = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
+
+
+def owner_rule(role: str) -> dict:
+    """The one rule the chart adds to the file's: reading its own ClusterRole, the owner of the
+    peering the operator makes (`--peering-owner`)."""
+    return {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["clusterroles"],
+        "resourceNames": [role],
+        "verbs": ["get"],
+    }
+
+
 VALUE_FILES = [[], [VALUES / "ha-namespaced.yaml"], [VALUES / "monitoring.yaml"]]
 # Each invalid value file and the field the schema's message must name.
 INVALID_FIELDS = {
@@ -72,7 +85,8 @@ def _template(*extra: str) -> list[str]:
 def test_cluster_wide_rbac_is_exactly_the_rules_file() -> None:
     objs = render()
     role = one(objs, "ClusterRole")
-    assert sorted(map(json.dumps, role["rules"])) == sorted(map(json.dumps, RULES))
+    want = [*RULES, owner_rule("spectune")]
+    assert sorted(map(json.dumps, role["rules"])) == sorted(map(json.dumps, want))
     assert not find(objs, "Role")
     binding = one(objs, "ClusterRoleBinding")
     assert binding["subjects"] == [
@@ -83,6 +97,8 @@ def test_cluster_wide_rbac_is_exactly_the_rules_file() -> None:
 def test_watched_namespaces_get_roles_and_no_cluster_wide_rights_on_namespaced_objects() -> None:
     objs = render(VALUES / "ha-namespaced.yaml")
     cluster_rules = one(objs, "ClusterRole")["rules"]
+    assert owner_rule("spectune") in cluster_rules
+    cluster_rules = [r for r in cluster_rules if r != owner_rule("spectune")]
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
         "namespaces", "customresourcedefinitions", "clusterkopfpeerings",
     }  # fmt: skip
@@ -110,6 +126,7 @@ def test_deployment_args_probes_and_security() -> None:
     assert container["args"] == [
         "run",
         "--peering=spectune",
+        "--peering-owner=spectune",
         "--priority=100",
         "--liveness=http://0.0.0.0:8080/healthz",
         "--metrics-address=0.0.0.0:9101",
@@ -130,9 +147,7 @@ def test_deployment_args_probes_and_security() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["serviceAccountName"] == "spectune"
     assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
-    peering = one(objs, "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == "spectune"
-    assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert not find(objs, "ClusterKopfPeering")  # the operator makes it (operator/peering.py)
 
 
 def test_replicas_get_distinct_priorities_and_namespaces() -> None:
@@ -142,11 +157,11 @@ def test_replicas_get_distinct_priorities_and_namespaces() -> None:
     assert container["image"] == "registry.example.com/platform/spectune-operator:0.1.0-rc1"
     args = container["args"]
     assert "--priority=auto" in args and "--peering=spectune-ha" in args
+    assert "--peering-owner=spectune" in args
     assert [a for a in args if a.startswith("--namespace=")] == [
         "--namespace=default",
         "--namespace=kube-public",
     ]
-    assert one(objs, "ClusterKopfPeering")["metadata"]["name"] == "spectune-ha"
 
 
 def test_monitoring_objects_follow_their_values() -> None:

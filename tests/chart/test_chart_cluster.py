@@ -1,7 +1,8 @@
 """The chart against the real local API server (RBAC on): its objects pass a server-side dry
 run; `helm install` creates them and the operator, run as the chart's ServiceAccount with the
 chart's args, reconciles the example to Ready; `helm upgrade` upgrades a changed CRD;
-`helm uninstall` removes everything but the kept CRDs.
+`helm uninstall` removes everything but the kept CRDs, and the garbage collector takes the
+peering the operator made with the ClusterRole that owns it.
 
 The cluster is shared: the release watches only a namespace of its own (so it never acts on
 other tests' SpecDeployments), CRDs that exist already are adopted by the release (the README
@@ -44,8 +45,8 @@ HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback,
     ids=["default", "ha-namespaced", "monitoring"],
 )  # fmt: skip
 def test_rendered_objects_pass_a_server_side_dry_run(cluster: Cluster, values: list[Path]) -> None:
-    # The peering hook needs its CRD served; the monitoring objects need theirs.
-    apply_files(cluster, REPO / "crds" / "kopf-peering.yaml", POD_MONITOR_CRD, MONITORING_CRDS)
+    # The monitoring objects need their CRDs served.
+    apply_files(cluster, POD_MONITOR_CRD, MONITORING_CRDS)
     manifest = helm(*template_args(*values)).stdout
     out = subprocess.run(
         [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
@@ -138,10 +139,6 @@ def test_install_creates_crds_rbac_services_and_the_operator(cluster: Cluster, r
         assert core.read_namespaced_service(f"{fullname}-metrics", ns)
         deployment = client.AppsV1Api(admin).read_namespaced_deployment(fullname, ns)
         assert deployment.spec.template.spec.service_account_name == fullname
-        peering = client.CustomObjectsApi(admin).get_cluster_custom_object(
-            "kopf.dev", "v1", "clusterkopfpeerings", fullname
-        )
-        assert peering["metadata"]["name"] == fullname
     assert f"kubectl -n {ns} rollout status deployment/{fullname}" in release["install"]
     assert f"It manages SpecDeployments in: {release['watched']}." in release["install"]
 
@@ -149,8 +146,9 @@ def test_install_creates_crds_rbac_services_and_the_operator(cluster: Cluster, r
 def test_operator_as_the_charts_service_account_reconciles_the_example(
     cluster: Cluster, release, free_ports: tuple[int, int]
 ) -> None:
-    """The Deployment's own args and ServiceAccount (kwok runs no containers): the example
-    becomes Ready, and the operator's metrics endpoint reports it."""
+    """The Deployment's own args and ServiceAccount (kwok runs no containers): the operator
+    makes its peering, owned by the chart's ClusterRole; the example becomes Ready, and the
+    operator's metrics endpoint reports it."""
     name, ns, watched = release["name"], release["namespace"], release["watched"]
     fullname = f"{name}-spectune"
     with cluster.api() as admin:
@@ -194,9 +192,24 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
             assert samples["spectune_operator_ready_replicas", ""].value == 2
             assert samples["spectune_operator_threshold", ""].value == 8  # the example's value
             assert "forbidden" not in log.read_text().lower()
+            owners = peering(admin, fullname)["metadata"]["ownerReferences"]
+            role = client.RbacAuthorizationV1Api(admin).read_cluster_role(fullname)
+            assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [
+                ("ClusterRole", fullname, role.metadata.uid)
+            ]
         finally:
             stop(process)
             kubectl(cluster, "delete", "-n", watched, "-f", str(EXAMPLE), "--wait=false")
+
+
+def peering(admin: client.ApiClient, name: str) -> dict | None:
+    return _get(
+        lambda n, _ns: client.CustomObjectsApi(admin).get_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", n
+        ),
+        name,
+        "",
+    )
 
 
 @pytest.fixture
@@ -251,6 +264,11 @@ def test_uninstall_removes_everything_but_the_kept_crds(cluster: Cluster, releas
             assert _get(read, obj, namespace) is None, (read.__name__, obj)
         for read in (rbac.read_cluster_role, rbac.read_cluster_role_binding):
             assert _get(lambda n, _ns, read=read: read(n), fullname, "") is None
+        wait_until(
+            "the garbage collector to delete the peering with its ClusterRole",
+            lambda: peering(admin, fullname) is None,
+            timeout=60,
+        )
         ext = client.ApiextensionsV1Api(admin)
         for crd in CRDS:
             assert ext.read_custom_resource_definition(crd).metadata.name == crd

@@ -78,7 +78,6 @@ def admin(cluster: Cluster) -> Iterator[client.ApiClient]:
         REPO / "crds" / "kopf-peering.yaml",
     )
     wait_until("the CRDs to be served", lambda: _served(api))
-    apply_files(cluster, REPO / "deploy" / "peering.yaml")
     try:
         client.CoreV1Api(api).create_namespace({"metadata": {"name": OPERATOR_NS}})
     except ApiException as err:
@@ -204,15 +203,12 @@ def _get(read: Callable[[str, str], T], name: str, namespace: str) -> T | None:
 @pytest.fixture(scope="module")
 def tuner(cluster: Cluster, admin: client.ApiClient, tmp_path_factory) -> Iterator[str]:
     """A namespace watched by an operator of its own (its own peering, so that operators of
-    other test runs on this cluster neither pause it nor are paused by it)."""
+    other test runs on this cluster neither pause it nor are paused by it; the operator makes
+    the peering, as its RBAC allows)."""
     namespace = f"autotune-{uuid.uuid4().hex[:8]}"
     peering = f"autotune-{uuid.uuid4().hex[:6]}"
     core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
     core.create_namespace({"metadata": {"name": namespace}})
-    custom.create_cluster_custom_object(
-        "kopf.dev", "v1", "clusterkopfpeerings",
-        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
-    )  # fmt: skip
     process, log = start_operator(
         cluster, admin, tmp_path_factory.mktemp("autotune"), yaml.safe_load(RULES.read_text()),
         priority=170, extra=["--namespace", namespace, "--peering", peering,
