@@ -131,11 +131,6 @@ class Setup:
         self.namespace = self.peering = f"autotune-goodput-{uuid.uuid4().hex[:6]}"
         self.name = "bench"
         self.core.create_namespace({"metadata": {"name": self.namespace}})
-        self.custom.create_cluster_custom_object(
-            "kopf.dev", "v1", "clusterkopfpeerings",
-            {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-             "metadata": {"name": self.peering}},
-        )  # fmt: skip
         self.operator = subprocess.Popen(
             [sys.executable, "-m", "spectune.operator.cli", "run", "--namespace", self.namespace,
              "--peering", self.peering, "--prometheus-url", env["SPECTUNE_PROMETHEUS_URL"],

@@ -110,12 +110,7 @@ def watched(
     core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
     core.create_namespace({"metadata": {"name": namespace}})
     operator = Operator(cluster, admin, tmp_path_factory.mktemp("op"), namespace, prometheus.url)
-    custom.create_cluster_custom_object(
-        "kopf.dev", "v1", "clusterkopfpeerings",
-        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-         "metadata": {"name": operator.peering}},
-    )  # fmt: skip
-    operator.start()
+    operator.start()  # it makes its peering
     yield namespace, operator
     try:
         delete_specdeployments(admin, namespace)
