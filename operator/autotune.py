@@ -29,6 +29,7 @@ from spectune.operator.triggers import (
     Reason,
     SpecKey,
     Traffic,
+    below_floor,
     clamp,
     compare_goodput,
     damp,
@@ -155,6 +156,7 @@ def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) 
             else None
         )
         or past_bound(base.bounds, obs.window.steps)
+        or below_floor(base.floors, obs.window.steps)
         or too_old(measured, obs.now, timedelta(seconds=spec.tuning.maxAgeSeconds))
     )
 
@@ -311,6 +313,11 @@ def _decide(
             sku: e.bound
             for sku, e in estimates.items()
             if e.bound is not None and e.bound < t.max  # at max, larger batches change nothing
+        },
+        floors={
+            sku: e.floor
+            for sku, e in estimates.items()
+            if e.floor is not None and e.floor > t.min  # at min, smaller batches change nothing
         },
     )
     update: dict[str, object] = {"baseline": baseline}

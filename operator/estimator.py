@@ -68,6 +68,14 @@ class Estimate:
         ends (the next bucket's lower edge), None past the last bucket or for other curves."""
         return _bound(self.crossover, self.curve)
 
+    @property
+    def floor(self) -> int | None:
+        """For a curve that pays in no measured bucket: the smallest batch measured, when it is
+        above 1 (speculation still runs below it, unmeasured), else None."""
+        if self.crossover.status != "never_pays" or self.curve[0].batch <= 1:
+            return None
+        return self.curve[0].batch
+
     def flips_a_clear_bucket(self, a: int | None, b: int | None) -> bool:
         """Whether moving the threshold from a to b changes the mode in a measured bucket whose
         speedup is clearly not 1 (batches from the lower threshold up to the higher change

@@ -201,6 +201,11 @@ class Baseline(BaseModel):
         description="SKU -> the batch where the measured range ended, for SKUs where "
         "speculation paid at every batch measured: traffic running past it re-measures",
     )
+    floors: dict[str, int] = Field(
+        default_factory=dict,
+        description="SKU -> the smallest batch measured, for SKUs where speculation paid at "
+        "no batch measured: traffic running below it re-measures",
+    )
 
 
 class CalibrationStatus(BaseModel):

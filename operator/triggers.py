@@ -10,7 +10,7 @@ always a parameter, so every decision here is reproducible in a test.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Literal
@@ -186,16 +186,45 @@ def past_bound(
     Once most of a window's decode steps on that SKU run at or past that batch (at least
     `min_steps` of them), the load has come round to the batches still unmeasured."""
     for sku, bound in sorted(bounds.items()):
-        stats = steps.get(sku, {})
-        total = sum(s.steps for s in stats.values())
-        past = sum(s.steps for (_, bucket), s in stats.items() if bucket >= bound)
-        if past >= min_steps and past >= share * total:
+        part = _share_of_steps(steps.get(sku, {}), lambda b, n=bound: b >= n, share, min_steps)
+        if part is not None:
             return Reason(
                 "Traffic",
-                f"{sku}: {past / total:.0%} of decode steps ran at batch {bound} or more, past "
+                f"{sku}: {part:.0%} of decode steps ran at batch {bound} or more, past "
                 "the batches where speculation was measured to pay",
             )
     return None
+
+
+def below_floor(
+    floors: Mapping[str, int],
+    steps: Mapping[str, StatsByBucket],
+    share: float = 0.5,
+    min_steps: int = MIN_STEPS,
+) -> Reason | None:
+    """past_bound's mirror: where speculation paid at no batch the last calibration measured,
+    its threshold turns speculation off only from the smallest batch measured, and smaller
+    batches still speculate unmeasured. Once most of a window's decode steps on that SKU run
+    below it, the load has come down to them."""
+    for sku, floor in sorted(floors.items()):
+        part = _share_of_steps(steps.get(sku, {}), lambda b, n=floor: b < n, share, min_steps)
+        if part is not None:
+            return Reason(
+                "Traffic",
+                f"{sku}: {part:.0%} of decode steps ran below batch {floor}, under the "
+                "batches where speculation was measured not to pay",
+            )
+    return None
+
+
+def _share_of_steps(
+    stats: StatsByBucket, where: Callable[[int], bool], share: float, min_steps: int
+) -> float | None:
+    """The share of a window's decode steps in the buckets `where` picks, when that is at
+    least `share` of them and `min_steps` in number; else None."""
+    total = sum(s.steps for s in stats.values())
+    picked = sum(s.steps for (_, bucket), s in stats.items() if where(bucket))
+    return picked / total if picked >= min_steps and picked >= share * total else None
 
 
 def clamp(threshold: int | None, low: int, high: int) -> int:

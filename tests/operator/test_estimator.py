@@ -121,11 +121,13 @@ def test_speculation_that_never_pays_says_so() -> None:
     s = setting("A100", acceptance=0.0)  # every spec step commits one token per sequence
     est = estimate("A100", synthetic(s, random.Random(3), buckets=(2, 4, 8)))
     assert est.crossover.status == "never_pays"
-    assert est.threshold == 2  # off from the first bucket measured; batch 1 was not
+    assert est.threshold == est.floor == 2  # off from the first bucket measured; 1 was not
+    assert est.bound is None
     assert "does not pay even at batch 2" in est.reason
     assert "off from 2 up, smaller batches not measured" in est.reason
     from_one = estimate("A100", synthetic(s, random.Random(3), buckets=(1, 2, 4)))
     assert from_one.threshold == 1 and "smaller batches" not in from_one.reason  # never
+    assert from_one.floor is None  # nothing smaller is left to measure
 
 
 def test_without_data_in_both_modes_the_crossover_is_unknown() -> None:
