@@ -16,6 +16,12 @@ With `--exploration-cost` it measures what a calibration costs instead: the same
 measured threshold, exploration at its base (2%) and at what a calibration raises it to (50%),
 in turns.
 
+With `--real-cpu` it checks issue 13's "Must show" 1 on real CPU timing instead: the engine runs
+without a simulated SKU (n-gram, k=4, greedy requests, the bench's CPU SLO), the operator
+calibrates it under stepped load, and `spectune-engine bench --url` then measures the crossover
+on the same engine (pinned, never and always in turns, from the engine's own per-bucket steps);
+the two crossovers and the buckets between them are printed.
+
 With `--hover-minutes N` it measures flapping instead (issue 13, "Must show" 10): after the
 calibration the deployment stays Auto, with the default damping (`tuning.minDwellSeconds`
 300, a one-bucket dead band), while the load alternates between two levels either side of
@@ -23,7 +29,7 @@ the crossover for N minutes, and the operator's Events are counted.
 
 Usage: .venv/bin/python benchmarks/autotune_goodput.py [--levels 16,64] [--fixed 48]
        [--seconds 40] [--rounds 2] [--time-scale 16] [--out .cache/autotune-goodput]
-       [--hover-minutes 10 --hover-levels 28,44] [--exploration-cost]
+       [--hover-minutes 10 --hover-levels 28,44] [--exploration-cost] [--real-cpu]
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from spectune.engine.bench.loadgen import Bounds, Load, run_level, summarize
 from spectune.engine.bench.schema import LevelResult, Slo
 from spectune.engine.bench.targets import HttpTarget
 from spectune.engine.bench.workload import parse_lengths, request_stream, shipped_prompts
+from spectune.engine.crossover import Crossover, bucket_distance
 from spectune.operator import render
 from spectune.operator.autotune import CALIBRATION_EXPLORATION_PERCENT
 from spectune.operator.models import TuningSpec
@@ -59,6 +66,9 @@ from spectune.operator.models import TuningSpec
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION_LEVELS = (16, 28, 44, 64)
 TEMPERATURE, OUTPUT_TOKENS, PORT = 1.0, "48", 8000
+# Real CPU timing: the tiny pair's n-gram k=4 crossover, greedy, lies near batch 24-27 on this
+# machine (PERFORMANCE.md, "The central claim"); the bench's CPU SLO.
+CPU_LEVELS, CPU_K, CPU_SLO = (4, 8, 16, 32, 64), 4, Slo(ttft_ms=1000, tpot_ms=100)
 GROUP, VERSION, PLURAL = "spectune.io", "v1alpha1", "specdeployments"
 
 
@@ -67,8 +77,10 @@ def slo(time_scale: float) -> Slo:
     return Slo(ttft_ms=round(2000 * time_scale), tpot_ms=round(40 * time_scale))
 
 
-def specdeployment(name: str, time_scale: float, damped: bool, target: Slo) -> dict[str, Any]:
-    return {
+def specdeployment(
+    name: str, time_scale: float, damped: bool, target: Slo, real_cpu: bool = False
+) -> dict[str, Any]:
+    body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SpecDeployment",
         "metadata": {"name": name},
@@ -97,6 +109,11 @@ def specdeployment(name: str, time_scale: float, damped: bool, target: Slo) -> d
             | ({} if damped else {"minDwellSeconds": 0}),
         },
     }
+    if real_cpu:
+        del body["spec"]["engine"]["podAnnotations"]
+        body["spec"]["speculation"]["numSpeculativeTokens"] = CPU_K
+        body["spec"]["tuning"]["calibrationWindowSeconds"] = 120
+    return body
 
 
 def cluster_env() -> dict[str, str]:
@@ -119,7 +136,13 @@ class Setup:
     """A namespace, a SpecDeployment and an operator watching it; all removed on exit."""
 
     def __init__(
-        self, env: dict[str, str], log: Path, time_scale: float, damped: bool, target: Slo
+        self,
+        env: dict[str, str],
+        log: Path,
+        time_scale: float,
+        damped: bool,
+        target: Slo,
+        real_cpu: bool = False,
     ) -> None:
         kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig",
                    env["SPECTUNE_KUBECONFIG"]]  # fmt: skip
@@ -143,7 +166,7 @@ class Setup:
             VERSION,
             self.namespace,
             PLURAL,
-            specdeployment(self.name, time_scale, damped, target),
+            specdeployment(self.name, time_scale, damped, target, real_cpu),
         )
 
     def exists(self) -> bool:
@@ -217,20 +240,28 @@ class Setup:
         )
 
 
-async def level(target: HttpTarget, clients: int, seconds: float, seed: str) -> list[Any]:
+async def level(
+    target: HttpTarget, clients: int, seconds: float, seed: str, temperature: float = TEMPERATURE
+) -> list[Any]:
     """One closed-loop level; the same requests (prompts, lengths) for every policy."""
     rng = random.Random(seed)
     prompts = shipped_prompts(64, 64)
     rng.shuffle(prompts)
-    specs = request_stream(prompts, parse_lengths(OUTPUT_TOKENS), rng, TEMPERATURE)
+    specs = request_stream(prompts, parse_lengths(OUTPUT_TOKENS), rng, temperature)
     return await run_level(target, Load("closed", clients), specs, Bounds(10**6, seconds, 120))
 
 
-async def calibrate(target: HttpTarget, setup: Setup, step_s: float) -> dict[str, Any]:
+async def calibrate(
+    target: HttpTarget,
+    setup: Setup,
+    step_s: float,
+    levels: tuple[int, ...] = CALIBRATION_LEVELS,
+    temperature: float = TEMPERATURE,
+) -> dict[str, Any]:
     """Stepped load until the operator reports Calibrated; its status then."""
     started = time.monotonic()
-    for i, clients in enumerate(itertools.cycle(CALIBRATION_LEVELS)):
-        await level(target, clients, step_s, f"calibration/{i}")
+    for i, clients in enumerate(itertools.cycle(levels)):
+        await level(target, clients, step_s, f"calibration/{i}", temperature)
         done = await asyncio.to_thread(setup.condition, "Calibrated")
         if done.get("status") == "True":
             return await asyncio.to_thread(setup.status)
@@ -291,6 +322,11 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
     async with HttpTarget(url, None, setup.token(), 120) as target:
         print(f"engine at {url}; calibrating under stepped load ...", flush=True)
         began = time.monotonic()
+        if args.real_cpu:
+            status = await calibrate(target, setup, 10.0, CPU_LEVELS, temperature=0.0)
+            setup.pin(status["threshold"]["current"])
+            await asyncio.to_thread(agreement, url, setup, status, args)
+            return
         status = await calibrate(target, setup, 2.5 * args.time_scale)
         (a100,) = status["perSku"]
         measured = status["threshold"]["current"]
@@ -393,6 +429,35 @@ async def exploration_cost(target: HttpTarget, args: argparse.Namespace) -> None
     (args.out / "exploration-cost.md").write_text("\n".join(lines) + "\n")
 
 
+def agreement(url: str, setup: Setup, status: dict[str, Any], args: argparse.Namespace) -> None:
+    """`spectune-engine bench --url` on the same engine: its load-sweep crossover (from the
+    engine's per-bucket steps under never and always) against the operator's."""
+    (ours,) = status["perSku"]
+    print(f"operator: {ours['reason']} (threshold {status['threshold']['current']})", flush=True)
+    token = args.out / "admin-token"
+    token.write_text(setup.token())
+    token.chmod(0o600)
+    out = args.out / "bench-url"
+    bench = [
+        str(Path(sys.executable).with_name("spectune-engine")), "bench", "--url", url,
+        "--sweep", "load", "--policies", "never,always", "--admin-token-file", str(token),
+        "--concurrency", ",".join(map(str, CPU_LEVELS)), "--requests", "100000",
+        "--duration-s", f"{args.seconds:g}", "--rounds", str(args.rounds),
+        "--output-tokens", OUTPUT_TOKENS, "--temperature", "0",
+        "--ttft-ms", str(CPU_SLO.ttft_ms), "--tpot-ms", str(CPU_SLO.tpot_ms), "--out", str(out),
+    ]  # fmt: skip
+    subprocess.run(bench, check=True)
+    theirs = json.loads((out / "bench.json").read_text())["load_sweep"]["crossover"]
+    a = Crossover("crosses", ours["batchSize"]) if ours.get("batchSize") else None
+    b = Crossover(theirs["status"], theirs["batch"])
+    apart = bucket_distance(a, b) if a is not None else None
+    print(f"\nreal CPU timing: operator {ours['reason']}; bench --url {theirs}; "
+          f"buckets apart: {apart}")  # fmt: skip
+    (args.out / "real-cpu.json").write_text(
+        json.dumps({"operator": ours, "bench_url": theirs, "buckets_apart": apart}, indent=2)
+    )
+
+
 def numbers(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -410,6 +475,9 @@ def main() -> None:
     parser.add_argument(
         "--exploration-cost", action="store_true", help="measure what calibrating costs"
     )
+    parser.add_argument(
+        "--real-cpu", action="store_true", help="the operator against bench --url, CPU timing"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     setup = Setup(
@@ -417,7 +485,8 @@ def main() -> None:
         args.out / "operator.log",
         args.time_scale,
         bool(args.hover_minutes),
-        slo(args.time_scale),
+        CPU_SLO if args.real_cpu else slo(args.time_scale),
+        args.real_cpu,
     )
     try:
         asyncio.run(main_async(args, setup))
