@@ -18,7 +18,7 @@ from spectune.engine.crossover import (
     Crossover,
     ModeStats,
     SpeedupPoint,
-    find_crossover,
+    crossover_of,
     speedup_curve,
 )
 
@@ -105,13 +105,6 @@ def undersampled(
     ]
 
 
-def mean_batch(point: SpeedupPoint) -> float:
-    """The mean batch size behind a bucket's measurements: a plain step commits one token
-    per sequence, so its tokens per step is the batch. Placing the point there rather than at
-    the bucket's lower edge removes a bias of up to a third of a bucket toward small batches."""
-    return point.plain.tokens_per_step or point.batch
-
-
 def estimate(
     sku: str,
     stats: Mapping[tuple[str, int], ModeStats],
@@ -120,7 +113,7 @@ def estimate(
 ) -> Estimate:
     """The crossover of one SKU from its (mode, bucket) sums over a window."""
     curve = tuple(speedup_curve(stats, min_steps))
-    crossover = find_crossover([(mean_batch(p), p.speedup) for p in curve])
+    crossover = crossover_of(curve)
     seen = [bucket for (_, bucket), s in stats.items() if s.steps > 0]
     largest = max(seen) if seen else None
     return Estimate(
@@ -144,8 +137,8 @@ def _deciding(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> list[Spe
     """The buckets the answer rests on: the two around a crossing, else the edge bucket."""
     if crossover.status == "crosses":
         assert crossover.batch is not None
-        below = [p for p in curve if mean_batch(p) < crossover.batch]
-        above = [p for p in curve if mean_batch(p) >= crossover.batch]
+        below = [p for p in curve if p.mean_batch < crossover.batch]
+        above = [p for p in curve if p.mean_batch >= crossover.batch]
         return below[-1:] + above[:1]
     if crossover.status == "always_pays":
         return list(curve[-1:])
@@ -195,5 +188,5 @@ def _reason(
     (low, high) = _deciding(crossover, curve)
     return (
         f"crossover at batch {crossover.batch:.1f}: speedup {low.speedup:.2f} at batch "
-        f"{mean_batch(low):.0f}, {high.speedup:.2f} at {mean_batch(high):.0f}"
+        f"{low.mean_batch:.0f}, {high.speedup:.2f} at {high.mean_batch:.0f}"
     )
