@@ -435,8 +435,9 @@ def agreement(url: str, setup: Setup, status: dict[str, Any], args: argparse.Nam
     (ours,) = status["perSku"]
     print(f"operator: {ours['reason']} (threshold {status['threshold']['current']})", flush=True)
     token = args.out / "admin-token"
+    token.unlink(missing_ok=True)
+    token.touch(mode=0o600)  # never readable by others, not even for a moment
     token.write_text(setup.token())
-    token.chmod(0o600)
     out = args.out / "bench-url"
     bench = [
         str(Path(sys.executable).with_name("spectune-engine")), "bench", "--url", url,
