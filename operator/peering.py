@@ -28,12 +28,12 @@ def render(name: str, owner: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 def ensure(name: str, owner_cluster_role: str | None) -> None:
-    """Create the peering when missing. With an owner, apply its reference too, so a peering
-    an older release made as a hook is adopted and collected with the role."""
-    if owner_cluster_role is None:
-        if kube.create_if_absent(render(name)):
-            log.info("created the ClusterKopfPeering %s", name)
-        return
-    role = kube.resource(*CLUSTER_ROLE).get(name=owner_cluster_role)
-    kube.apply(render(name, {"name": owner_cluster_role, "uid": role.metadata.uid}))
-    log.info("the ClusterKopfPeering %s is owned by ClusterRole %s", name, owner_cluster_role)
+    """Create the peering when missing (server-side apply: idempotent across replicas). With an
+    owner, its reference is applied too, so a peering an older release made as a hook is
+    adopted and collected with the role."""
+    owner = None
+    if owner_cluster_role is not None:
+        role = kube.resource(*CLUSTER_ROLE).get(name=owner_cluster_role)
+        owner = {"name": owner_cluster_role, "uid": role.metadata.uid}
+    kube.apply(render(name, owner))
+    log.info("the ClusterKopfPeering %s is in place (owner: %s)", name, owner_cluster_role)
