@@ -57,6 +57,10 @@ class RequestStream:
 
 
 class EngineLoop:
+    """`clock` times requests (latencies, the SLO): the wall clock, or a simulated SKU's
+    modelled clock, so that a CPU too slow to keep up with the SKU (an overrun) does not
+    count against the SKU's latencies; the engine's iterations run on that clock too."""
+
     def __init__(
         self,
         engine: LLMEngine,
@@ -132,8 +136,8 @@ class EngineLoop:
     async def drain(self, timeout: float) -> None:
         """Admit nothing new; wait up to `timeout` s for running requests, then end the rest."""
         self.accepting = False
-        deadline = self.clock() + timeout
-        while self._streams and self.clock() < deadline:
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for stream in list(self._streams.values()):
             await self.call(lambda s=stream: self._fail(s, "the server shut down before finishing"))

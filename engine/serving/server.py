@@ -215,7 +215,12 @@ class Server:
             }
         )
         self.loop = EngineLoop(
-            engine, metrics, self.settings.speculation, self.settings.slo, self.settings.max_queue
+            engine,
+            metrics,
+            self.settings.speculation,
+            self.settings.slo,
+            self.settings.max_queue,
+            clock=engine.simulation.clock if engine.simulation else time.monotonic,
         )
         self.loop.start(asyncio.get_running_loop())
         self.ready = True
