@@ -33,6 +33,7 @@ from spectune.operator.prometheus import (
 )
 from spectune.operator.status import (
     condition,
+    merge_patch,
     prometheus_down,
     rollout_conditions,
     threshold_status,
@@ -229,7 +230,9 @@ def reconcile(
             # batch size (nulls inside lists would not validate, so theirs are left out)
             "crossover": state.crossover.model_dump(),
             "perSku": [s.model_dump(exclude_none=True) for s in state.per_sku],
-            "calibration": state.calibration.model_dump(exclude_none=True),
+            "calibration": merge_patch(
+                status.get("calibration"), state.calibration.model_dump(exclude_none=True)
+            ),
             "conditions": [c.model_dump(mode="json", exclude_none=True) for c in conditions],
         }
     )

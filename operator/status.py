@@ -22,6 +22,17 @@ def threshold_status(spec: SpecDeploymentSpec, current: ThresholdStatus) -> Thre
     return ThresholdStatus(current=None, recommended=current.recommended, source="Default")
 
 
+def merge_patch(old: Any, new: Any) -> Any:
+    """`new` as a JSON merge patch over `old` (RFC 7386, what a status patch is): a key that
+    `old` has and `new` lacks is sent as None, which deletes it. A plain `new` would merge
+    maps, and a map in status (per-SKU bounds, a window's buckets) would keep the keys of
+    every earlier calibration."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    gone = {k: None for k in old if k not in new}
+    return {k: merge_patch(old.get(k), v) for k, v in new.items()} | gone
+
+
 def condition(
     type_: str, ok: bool, reason: str, message: str, now: datetime, previous: list[dict]
 ) -> Condition:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from spectune.operator.status import prometheus_down, rollout_conditions, unready_pods
+from spectune.operator.status import merge_patch, prometheus_down, rollout_conditions, unready_pods
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -63,3 +63,31 @@ def test_prometheus_down_degrades_unless_the_rollout_already_does() -> None:
     failing = rollout | {"conditions": [failure]}
     (*_, rollout_says) = prometheus_down(rollout_conditions(2, failing, [], [], NOW), "x", NOW, [])
     assert rollout_says.reason == "FailedCreate"
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies a status patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = apply_merge_patch(out.get(k), v)
+    return out
+
+
+def test_a_status_patch_replaces_maps_instead_of_merging_them() -> None:
+    """A later calibration's maps (per-SKU bounds, a window's buckets) replace the earlier
+    ones': a stale bound would otherwise fire the past-bound trigger forever."""
+    old = {
+        "phase": "Verifying",
+        "changedAt": "t0",
+        "baseline": {"bounds": {"H100": 24, "L4": 8}, "replicas": 2},
+        "beforeSteps": {"H100": {"4": {"steps": 9}}},
+    }
+    new = {"phase": "Idle", "baseline": {"bounds": {"L4": 12}, "replicas": 3}, "beforeSteps": {}}
+    assert apply_merge_patch(old, new)["baseline"]["bounds"] == {"H100": 24, "L4": 12}  # merged
+    assert apply_merge_patch(old, merge_patch(old, new)) == new
+    assert merge_patch(None, new) == new
