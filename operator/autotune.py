@@ -15,9 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.estimator import Estimate, estimate_by_sku, undersampled
 from spectune.operator.models import (
     Baseline,
+    BucketSums,
     CalibrationStatus,
     CrossoverStatus,
     SkuThreshold,
@@ -36,6 +38,8 @@ from spectune.operator.triggers import (
     past_bound,
     queueing_warning,
     replicas_changed,
+    same_mix_speedup,
+    served,
     skus_changed,
     spec_changed,
     too_old,
@@ -100,6 +104,23 @@ def _traffic_dict(t: Traffic) -> dict[str, float]:
 
 def _traffic(d: Mapping[str, float]) -> Traffic | None:
     return Traffic(**d) if "seconds" in d else None
+
+
+def _sums_dict(steps: Mapping[str, StatsByBucket]) -> dict[str, dict[str, BucketSums]]:
+    return {
+        sku: {
+            str(b): BucketSums(steps=s.steps, tokens=s.tokens, seconds=s.seconds)
+            for b, s in buckets.items()
+        }
+        for sku, buckets in served(steps).items()
+    }
+
+
+def _sums(d: Mapping[str, Mapping[str, BucketSums]]) -> dict[str, dict[int, ModeStats]]:
+    return {
+        sku: {int(b): ModeStats(s.steps, s.tokens, s.seconds) for b, s in buckets.items()}
+        for sku, buckets in d.items()
+    }
 
 
 def window_seconds(spec: SpecDeploymentSpec, cal: CalibrationStatus, now: datetime) -> int:
@@ -190,6 +211,7 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
             "message": reason.message,
             "startedAt": _iso(obs.now),
             "before": _traffic_dict(obs.window.traffic),
+            "beforeSteps": _sums_dict(obs.window.steps),
         }
     )
     return Step(
@@ -349,7 +371,8 @@ def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: Fl
     before = _traffic(cal.before)
     if before is None:
         return _finish(state, obs.now, Event("ThresholdVerified", "no traffic before the change"))
-    check = compare_goodput(before, window.traffic)
+    decode = same_mix_speedup(_sums(cal.beforeSteps), served(window.steps))
+    check = compare_goodput(before, window.traffic, decode)
     queueing = queueing_warning(before, window.traffic)
     warned = (Event("SpeculationQueueing", queueing, warning=True),) if queueing else ()
     if check.verdict != "roll_back":

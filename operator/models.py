@@ -185,6 +185,14 @@ class SkuThreshold(BaseModel):
     pods: int = 0
 
 
+class BucketSums(BaseModel):
+    """One batch bucket's decode steps over a window, both modes summed."""
+
+    steps: int
+    tokens: int
+    seconds: float
+
+
 class Baseline(BaseModel):
     """The fleet when the crossover was last measured: what the triggers compare with."""
 
@@ -222,6 +230,10 @@ class CalibrationStatus(BaseModel):
     )
     before: dict[str, float] = Field(
         default_factory=dict, description="traffic before the last change (goodput check)"
+    )
+    beforeSteps: dict[str, dict[str, BucketSums]] = Field(
+        default_factory=dict,
+        description="SKU -> batch bucket -> decode steps before the last change (goodput check)",
     )
     baseline: Baseline | None = None
 

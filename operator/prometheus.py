@@ -204,7 +204,6 @@ class PrometheusReader:
             slo_met=total(increase(c.REQUESTS_SLO_MET)),
             ok_requests=total(increase(c.REQUESTS, selector.matchers(outcome="ok"))),
             decode_tokens=total(tokens),
-            busy_seconds=total(seconds),
             drafted_tokens=total(increase(c.SPEC_DRAFT_TOKENS)),
             accepted_tokens=total(increase(c.SPEC_ACCEPTED_TOKENS)),
             mean_running=sum(running.values()) / len(running) if running else None,

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from spectune.engine.contract import BATCH_BUCKETS, batch_bucket
-from spectune.engine.crossover import StatsByBucket
+from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.estimator import MIN_STEPS
 from spectune.operator.models import SpecDeploymentSpec
 
@@ -42,7 +42,6 @@ class Traffic:
     slo_met: float | None = None
     ok_requests: float | None = None
     decode_tokens: float | None = None  # committed by decode iterations, both modes
-    busy_seconds: float | None = None  # decode iterations' wall time, both modes
     drafted_tokens: float | None = None
     accepted_tokens: float | None = None
     mean_running: float | None = None  # running batch, averaged over time and pods
@@ -68,10 +67,6 @@ class Traffic:
     @property
     def acceptance(self) -> float | None:
         return _ratio(self.accepted_tokens, self.drafted_tokens)
-
-    @property
-    def tokens_per_busy_second(self) -> float | None:
-        return _ratio(self.decode_tokens, self.busy_seconds)
 
     @property
     def mean_inter_token_seconds(self) -> float | None:
@@ -320,23 +315,105 @@ def queueing_warning(before: Traffic, after: Traffic, tolerance: float = 0.1) ->
     )
 
 
+ServedByBucket = Mapping[str, Mapping[int, ModeStats]]  # SKU -> batch bucket -> both modes
+
+
+def served(steps: Mapping[str, StatsByBucket]) -> dict[str, dict[int, ModeStats]]:
+    """A window's decode steps per SKU and bucket, both modes summed: what the fleet ran
+    under its thresholds, whichever mode each step took."""
+    out: dict[str, dict[int, ModeStats]] = {}
+    for sku, stats in steps.items():
+        buckets = out.setdefault(sku, {})
+        for (_, bucket), s in stats.items():
+            buckets[bucket] = buckets.get(bucket, ModeStats()) + s
+    return out
+
+
+@dataclass(frozen=True)
+class SameMixSpeedup:
+    """How much faster the after window decoded than the before window would have, on the
+    after window's batch mix."""
+
+    speedup: float
+    covered: float  # the share of the after window's decode time in the compared buckets
+
+
+def same_mix_speedup(
+    before: ServedByBucket, after: ServedByBucket, min_steps: int = MIN_STEPS
+) -> SameMixSpeedup | None:
+    """For every (SKU, bucket) with `min_steps` steps in both windows: the seconds the after
+    window's tokens would have taken at the before window's rate there, over the seconds they
+    took. A threshold changes the mode bucket by bucket while the load moves the batch mix
+    (a bigger batch decodes more tokens per second in either mode), so a fleet-wide tokens
+    per busy second would mistake a load change for the threshold's effect. None when no
+    bucket compares."""
+    would, took, total = 0.0, 0.0, 0.0
+    for sku, buckets in after.items():
+        for bucket, now in buckets.items():
+            total += now.seconds
+            then = before.get(sku, {}).get(bucket)
+            rate = then.throughput if then is not None else None
+            if rate is None or then is None or min(then.steps, now.steps) < min_steps:
+                continue
+            would += now.tokens / rate
+            took += now.seconds
+    if took <= 0:
+        return None
+    return SameMixSpeedup(would / took, took / total)
+
+
 def compare_goodput(
     before: Traffic,
     after: Traffic,
+    decode: SameMixSpeedup | None,
     z: float = 3.0,
     throughput_tolerance: float = 0.05,
+    min_covered: float = 0.5,
     load_tolerance: float = 0.25,
     min_requests: int = 50,
 ) -> GoodputCheck:
     """Keep or roll back a threshold change, from windows before and after it.
 
-    Normalised for load: the SLO-met share of requests (a drop is judged with a
-    two-proportion z-test, so it must exceed the binomial noise of both windows) and decode
-    tokens per busy second (a drop beyond `throughput_tolerance`). Windows whose request
-    rates differ by more than `load_tolerance` are not comparable, nor windows with too few
-    requests: "unknown", and the caller keeps the change (no evidence against it)."""
+    Two measures, each normalised for load. Decode throughput on the same batch mix
+    (`same_mix_speedup`): a drop beyond `throughput_tolerance`, in buckets holding at least
+    `min_covered` of the after window's decode time, rolls back whatever the load did. The
+    SLO-met share of requests (goodput per request, where speculation's memory bill shows as
+    queueing): a drop beyond the binomial noise of both windows (a two-proportion z-test)
+    rolls back, if both windows have `min_requests` and request rates within
+    `load_tolerance` of each other (a busier window misses more SLOs whatever the
+    threshold). Neither measure comparable: "unknown", and the caller keeps the change (no
+    evidence against it)."""
+    speedup = decode.speedup if decode is not None and decode.covered >= min_covered else None
+    if speedup is not None and speedup < 1 - throughput_tolerance:
+        assert decode is not None
+        return GoodputCheck(
+            "roll_back",
+            f"decode throughput on the same batch mix fell {1 - speedup:.0%} "
+            f"(more than {throughput_tolerance:.0%}; buckets holding {decode.covered:.0%} "
+            "of decode time compared)",
+        )
+    slo = _slo_share_drop(before, after, z, load_tolerance, min_requests)
+    if slo is not None and slo.verdict == "roll_back":
+        return slo
+    if speedup is None and (slo is None or slo.verdict == "unknown"):
+        why = slo.message if slo is not None else "no SLO-met share measured"
+        return GoodputCheck("unknown", f"no batch bucket measured in both windows; {why}")
+    kept = "goodput did not fall beyond noise"
+    if speedup is not None:
+        kept += f" (decode throughput on the same batch mix x{speedup:.2f})"
+    return GoodputCheck("keep", kept)
+
+
+def _slo_share_drop(
+    before: Traffic, after: Traffic, z: float, load_tolerance: float, min_requests: int
+) -> GoodputCheck | None:
+    """The SLO-met share's verdict; None when neither window measured it."""
+    p0, p1 = before.slo_met_share, after.slo_met_share
+    if p0 is None or p1 is None:
+        return None
     n0, n1 = before.requests, after.requests
-    if n0 is None or n1 is None or min(n0, n1) < min_requests:
+    assert n0 is not None and n1 is not None  # a share needs requests
+    if min(n0, n1) < min_requests:
         return GoodputCheck("unknown", f"too few requests to compare (need {min_requests})")
     r0, r1 = before.request_rate, after.request_rate
     assert r0 is not None and r1 is not None
@@ -344,21 +421,10 @@ def compare_goodput(
         return GoodputCheck(
             "unknown", f"load changed from {r0:.3g} to {r1:.3g} requests/s: not comparable"
         )
-    p0, p1 = before.slo_met_share, after.slo_met_share
-    if p0 is not None and p1 is not None:
-        pooled = (p0 * n0 + p1 * n1) / (n0 + n1)
-        se = math.sqrt(pooled * (1 - pooled) * (1 / n0 + 1 / n1))
-        if p1 < p0 and (p0 - p1) > z * se:
-            return GoodputCheck(
-                "roll_back", f"SLO-met share fell from {p0:.1%} to {p1:.1%} (beyond noise)"
-            )
-    t0, t1 = before.tokens_per_busy_second, after.tokens_per_busy_second
-    if t0 is not None and t1 is not None and t1 < t0 * (1 - throughput_tolerance):
+    pooled = (p0 * n0 + p1 * n1) / (n0 + n1)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n0 + 1 / n1))
+    if p1 < p0 and (p0 - p1) > z * se:
         return GoodputCheck(
-            "roll_back",
-            f"tokens per busy second fell from {t0:.4g} to {t1:.4g} "
-            f"(more than {throughput_tolerance:.0%})",
+            "roll_back", f"SLO-met share fell from {p0:.1%} to {p1:.1%} (beyond noise)"
         )
-    if p0 is None and t0 is None:
-        return GoodputCheck("unknown", "no goodput or throughput measured before the change")
-    return GoodputCheck("keep", "goodput did not fall beyond noise")
+    return GoodputCheck("keep", "SLO-met share did not fall beyond noise")

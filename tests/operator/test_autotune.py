@@ -69,7 +69,6 @@ def traffic(rate: float = 10.0, slo_met_share: float = 0.95, seconds: float = WI
         slo_met=requests * slo_met_share,
         ok_requests=requests,
         decode_tokens=requests * 100,
-        busy_seconds=requests * 100 / 500,
         drafted_tokens=1000.0,
         accepted_tokens=600.0,
     )
@@ -189,7 +188,7 @@ def test_prometheus_gone_mid_calibration_keeps_the_threshold_and_lowers_explorat
     assert reasons(back) == ["CalibrationStarted"]  # recovers by itself
 
 
-def test_a_goodput_drop_beyond_noise_rolls_back() -> None:
+def test_an_slo_met_share_drop_beyond_noise_rolls_back() -> None:
     s = spec()
     state = step(s, fresh(s), observe(0, window(load=traffic(slo_met_share=0.95)))).state
     state = step(s, state, observe(30, window({H100: curve(12)}))).state
@@ -200,6 +199,59 @@ def test_a_goodput_drop_beyond_noise_rolls_back() -> None:
     assert rolled.state.threshold.current == 4
     assert engine_settings(s, rolled.state, H100) == (4, 2)
     assert rolled.state.calibration.phase == "Idle"
+
+
+def ran(crossover: float, threshold: int, steps: dict[int, int]) -> StatsByBucket:
+    """What engines whose true curve crosses at `crossover` decode under `threshold` (no
+    exploration): `steps[b]` steps at bucket b, in the mode the threshold picks there."""
+    truth = curve(crossover, steps=1)
+    out: StatsByBucket = {}
+    for b, n in steps.items():
+        mode = "spec" if b < threshold else "plain"
+        one = truth[(mode, b)]
+        out[(mode, b)] = ModeStats(n, n * one.tokens, n * one.seconds)
+    return out
+
+
+QUIET_MIX = {1: 300, 2: 300, 4: 200, 8: 200, 16: 50, 32: 20}
+BUSY_MIX = {1: 20, 2: 20, 4: 50, 8: 200, 16: 300, 32: 300}
+
+
+def test_a_move_that_pays_is_kept_while_the_batch_mix_moves() -> None:
+    """4 -> 12 where the crossover is 12, verified while the load fell from large batches to
+    small ones: tokens per busy second fell with the batches (by more than half), and the
+    same mix compares only the threshold's effect: faster, kept."""
+    s = spec()
+    before = window({H100: ran(12, 4, BUSY_MIX)})
+    state = step(s, fresh(s), observe(0, before)).state
+    state = step(s, state, observe(30, window({H100: curve(12)}))).state
+    assert state.threshold.current == 12
+    after = window({H100: ran(12, 12, QUIET_MIX)})
+
+    def tokens_per_busy_second(w: FleetWindow) -> float:
+        sums = w.steps[H100].values()
+        return sum(x.tokens for x in sums) / sum(x.seconds for x in sums)
+
+    assert tokens_per_busy_second(after) < 0.5 * tokens_per_busy_second(before)
+    verified = step(s, state, observe(30 + WINDOW, after))
+    assert reasons(verified) == ["ThresholdVerified"]
+    assert "decode throughput on the same batch mix x1.12" in verified.events[0].message
+    assert verified.state.threshold.current == 12
+
+
+def test_a_bad_estimate_is_rolled_back_on_decode_throughput() -> None:
+    """An estimate forced to 48 where speculation stops paying at 12: batches 12-47 now
+    speculate and decode slower; rolled back though the SLO-met share held."""
+    s = spec()
+    before = window({H100: ran(12, 4, QUIET_MIX)})
+    state = step(s, fresh(s), observe(0, before)).state
+    state = step(s, state, observe(30, window({H100: curve(48)}))).state
+    assert state.threshold.current == 48
+    after = window({H100: ran(12, 48, BUSY_MIX)})
+    rolled = step(s, state, observe(30 + WINDOW, after))
+    assert reasons(rolled) == ["RolledBack"]
+    assert rolled.events[0].message.startswith("decode throughput on the same batch mix fell")
+    assert rolled.state.threshold.current == 4
 
 
 def test_a_bound_waits_for_the_window_a_crossing_does_not() -> None:

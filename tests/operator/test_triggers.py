@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from spectune.engine.crossover import ModeStats
+from spectune.operator.estimator import MIN_STEPS
 from spectune.operator.models import parse_spec
 from spectune.operator.triggers import (
     SpecKey,
@@ -20,6 +22,8 @@ from spectune.operator.triggers import (
     damp,
     queueing_warning,
     replicas_changed,
+    same_mix_speedup,
+    served,
     skus_changed,
     spec_changed,
     too_old,
@@ -218,39 +222,79 @@ def test_wider_noise_moves_it_no_more_often_than_the_dwell_allows() -> None:
     assert len(changes) <= 180 // 5 + 1
 
 
-def goodput(requests: float, met: float, tokens_per_busy_second: float = 1000.0) -> Traffic:
-    return Traffic(
-        seconds=WINDOW,
-        requests=requests,
-        slo_met=met,
-        decode_tokens=tokens_per_busy_second * 30,
-        busy_seconds=30.0,
-    )
+def goodput(requests: float, met: float) -> Traffic:
+    return Traffic(seconds=WINDOW, requests=requests, slo_met=met)
+
+
+def decoded(rates: dict[int, float], steps: dict[int, int]) -> dict[str, dict[int, ModeStats]]:
+    """One SKU's served steps per bucket: `steps[b]` steps of b tokens at `rates[b]` tokens/s."""
+    return {H100: {b: ModeStats(n, n * b, n * b / rates[b]) for b, n in steps.items()}}
+
+
+RATES = {1: 100.0, 8: 600.0, 32: 1500.0}  # a bigger batch decodes more tokens per second
+SAME_MIX = decoded(RATES, {1: 100, 8: 100, 32: 100})
 
 
 def test_a_goodput_drop_beyond_noise_rolls_back() -> None:
-    check = compare_goodput(goodput(600, 570), goodput(600, 480))
+    check = compare_goodput(goodput(600, 570), goodput(600, 480), None)
     assert check.verdict == "roll_back"
     assert check.message == "SLO-met share fell from 95.0% to 80.0% (beyond noise)"
 
 
 def test_a_goodput_drop_within_binomial_noise_keeps() -> None:
-    assert compare_goodput(goodput(600, 570), goodput(600, 560)).verdict == "keep"
-    assert compare_goodput(goodput(600, 570), goodput(600, 590)).verdict == "keep"
+    assert compare_goodput(goodput(600, 570), goodput(600, 560), None).verdict == "keep"
+    assert compare_goodput(goodput(600, 570), goodput(600, 590), None).verdict == "keep"
 
 
-def test_a_throughput_drop_per_busy_second_rolls_back() -> None:
-    check = compare_goodput(goodput(600, 570, 1000), goodput(600, 570, 900))
-    assert check.verdict == "roll_back" and "tokens per busy second" in check.message
-    assert compare_goodput(goodput(600, 570, 1000), goodput(600, 570, 970)).verdict == "keep"
+def test_served_sums_both_modes_per_sku_and_bucket() -> None:
+    stats = {("spec", 8): ModeStats(3, 40, 0.5), ("plain", 8): ModeStats(2, 16, 0.25)}
+    assert served({H100: stats}) == {H100: {8: ModeStats(5, 56, 0.75)}}
+
+
+def test_decode_throughput_is_compared_on_the_same_batch_mix() -> None:
+    """Load moved the batch mix from large to small batches and nothing else: the fleet-wide
+    tokens per busy second fell by three quarters, the same-mix comparison sees no change."""
+    busy = decoded(RATES, {1: 20, 8: 50, 32: 400})
+    quiet = decoded(RATES, {1: 400, 8: 50, 32: 20})
+
+    def fleet_rate(d: dict[str, dict[int, ModeStats]]) -> float:
+        return sum(s.tokens for s in d[H100].values()) / sum(s.seconds for s in d[H100].values())
+
+    assert fleet_rate(quiet) < 0.25 * fleet_rate(busy)
+    same = same_mix_speedup(busy, quiet)
+    assert same is not None and same.speedup == pytest.approx(1.0) and same.covered == 1.0
+    assert compare_goodput(goodput(600, 570), goodput(600, 570), same).verdict == "keep"
+
+
+def test_a_decode_throughput_drop_on_the_same_mix_rolls_back_whatever_the_load() -> None:
+    slower = decoded(RATES | {8: 0.8 * RATES[8], 32: 0.85 * RATES[32]}, {1: 100, 8: 100, 32: 100})
+    same = same_mix_speedup(SAME_MIX, slower)
+    assert same is not None and 0.8 < same.speedup < 0.9
+    more_load = goodput(900, 855)  # not comparable by SLO-met share, still by throughput
+    check = compare_goodput(goodput(600, 570), more_load, same)
+    assert check.verdict == "roll_back"
+    assert check.message.startswith("decode throughput on the same batch mix fell 1")
+    a_little = decoded(RATES | {32: 0.97 * RATES[32]}, {1: 100, 8: 100, 32: 100})
+    within = same_mix_speedup(SAME_MIX, a_little)
+    assert compare_goodput(goodput(600, 570), goodput(600, 570), within).verdict == "keep"
+
+
+def test_only_buckets_measured_in_both_windows_compare() -> None:
+    few = decoded(RATES, {1: 100, 8: 100, 32: MIN_STEPS - 1})
+    slow_32 = decoded(RATES | {32: 0.5 * RATES[32]}, {1: 100, 8: 100, 32: 100})
+    same = same_mix_speedup(few, slow_32)  # bucket 32: too few steps before the change
+    assert same is not None and same.speedup == pytest.approx(1.0) and same.covered < 0.5
+    assert compare_goodput(Traffic(WINDOW), Traffic(WINDOW), same).verdict == "unknown"
+    assert same_mix_speedup({"NVIDIA-L4": SAME_MIX[H100]}, SAME_MIX) is None  # another SKU
+    assert same_mix_speedup({}, SAME_MIX) is None
 
 
 def test_incomparable_windows_are_unknown() -> None:
-    assert compare_goodput(goodput(600, 570), goodput(900, 500)).verdict == "unknown"  # load
-    assert compare_goodput(goodput(20, 19), goodput(20, 5)).verdict == "unknown"  # too few
-    assert compare_goodput(Traffic(WINDOW), goodput(600, 500)).verdict == "unknown"
+    assert compare_goodput(goodput(600, 570), goodput(900, 500), None).verdict == "unknown"
+    assert compare_goodput(goodput(20, 19), goodput(20, 5), None).verdict == "unknown"
+    assert compare_goodput(Traffic(WINDOW), goodput(600, 500), None).verdict == "unknown"
     no_measure = Traffic(WINDOW, requests=600)
-    assert compare_goodput(no_measure, goodput(600, 500)).verdict == "unknown"
+    assert compare_goodput(no_measure, goodput(600, 500), None).verdict == "unknown"
 
 
 def latency(admitted: float, p95: float, itl_ms: float) -> Traffic:
