@@ -41,6 +41,7 @@ class Traffic:
     requests: float | None = None  # finished requests, every outcome
     slo_met: float | None = None
     ok_requests: float | None = None
+    rejected_requests: float | None = None  # refused: the admission queue was full
     decode_tokens: float | None = None  # committed by decode iterations, both modes
     drafted_tokens: float | None = None
     accepted_tokens: float | None = None
@@ -55,9 +56,18 @@ class Traffic:
         return None if self.requests is None else self.requests / self.seconds
 
     @property
+    def judged_requests(self) -> float | None:
+        """Requests the engines answered or refused: not those a client abandoned (outcome
+        error, with engine failures) or sent invalid, which no threshold decides (a load
+        generator that stops clients mid-request made a tenth of a window's requests errors)."""
+        if self.ok_requests is None or self.rejected_requests is None:
+            return None
+        return self.ok_requests + self.rejected_requests
+
+    @property
     def slo_met_share(self) -> float | None:
-        """Share of finished requests within the SLO: goodput normalised for load."""
-        return _ratio(self.slo_met, self.requests)
+        """Share of the judged requests within the SLO: goodput normalised for load."""
+        return _ratio(self.slo_met, self.judged_requests)
 
     @property
     def tokens_per_request(self) -> float | None:
@@ -411,8 +421,8 @@ def _slo_share_drop(
     p0, p1 = before.slo_met_share, after.slo_met_share
     if p0 is None or p1 is None:
         return None
-    n0, n1 = before.requests, after.requests
-    assert n0 is not None and n1 is not None  # a share needs requests
+    n0, n1 = before.judged_requests, after.judged_requests
+    assert n0 is not None and n1 is not None  # a share needs them
     if min(n0, n1) < min_requests:
         return GoodputCheck("unknown", f"too few requests to compare (need {min_requests})")
     r0, r1 = before.request_rate, after.request_rate

@@ -68,6 +68,7 @@ def traffic(rate: float = 10.0, slo_met_share: float = 0.95, seconds: float = WI
         requests=requests,
         slo_met=requests * slo_met_share,
         ok_requests=requests,
+        rejected_requests=0,
         decode_tokens=requests * 100,
         drafted_tokens=1000.0,
         accepted_tokens=600.0,

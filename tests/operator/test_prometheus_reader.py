@@ -211,6 +211,7 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
     t = window.traffic
     assert t.requests is not None and t.requests <= 1.3 * sent
     assert t.slo_met is not None and 0 <= t.slo_met <= t.requests * 1.01
+    assert t.rejected_requests == 0 and t.judged_requests == t.ok_requests
     assert t.acceptance is not None and 0 <= t.acceptance <= 1
     assert t.tokens_per_request is not None and 1 <= t.tokens_per_request <= 24 * 1.3
     assert t.decode_tokens == pytest.approx(sum(s.tokens for s in stats.values()), rel=0.01)

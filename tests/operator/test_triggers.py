@@ -4,6 +4,7 @@ beyond noise rolls a change back and noise does not."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from datetime import UTC, datetime, timedelta
@@ -222,8 +223,14 @@ def test_wider_noise_moves_it_no_more_often_than_the_dwell_allows() -> None:
     assert len(changes) <= 180 // 5 + 1
 
 
-def goodput(requests: float, met: float) -> Traffic:
-    return Traffic(seconds=WINDOW, requests=requests, slo_met=met)
+def goodput(requests: float, met: float, abandoned: float = 0) -> Traffic:
+    return Traffic(
+        seconds=WINDOW,
+        requests=requests + abandoned,
+        slo_met=met,
+        ok_requests=requests,
+        rejected_requests=0,
+    )
 
 
 def decoded(rates: dict[int, float], steps: dict[int, int]) -> dict[str, dict[int, ModeStats]]:
@@ -239,6 +246,16 @@ def test_a_goodput_drop_beyond_noise_rolls_back() -> None:
     check = compare_goodput(goodput(600, 570), goodput(600, 480), None)
     assert check.verdict == "roll_back"
     assert check.message == "SLO-met share fell from 95.0% to 80.0% (beyond noise)"
+
+
+def test_requests_a_client_abandoned_are_not_judged() -> None:
+    """A load generator stopping a tenth of its clients mid-request (they count as errors)
+    is no SLO miss; a request refused for a full queue is one."""
+    assert goodput(540, 540, abandoned=60).slo_met_share == 1.0
+    assert compare_goodput(goodput(600, 600), goodput(540, 540, 60), None).verdict == "keep"
+    refused = dataclasses.replace(goodput(540, 540), requests=600, rejected_requests=60)
+    assert refused.slo_met_share == 0.9
+    assert compare_goodput(goodput(600, 600), refused, None).verdict == "roll_back"
 
 
 def test_a_goodput_drop_within_binomial_noise_keeps() -> None:
