@@ -60,7 +60,8 @@ class Fleet:
         self.temperature = 0.0
         self.targets: dict[str, HttpTarget] = {}
         self.results: list[RequestResult] = []
-        self.workers: list[asyncio.Task[None]] = []
+        self.clients = 0
+        self.workers: dict[int, asyncio.Task[None]] = {}
         self.counters: dict[str, Counters] = {}
         self._next = itertools.count()
         self._since = time.perf_counter()
@@ -71,17 +72,18 @@ class Fleet:
         return self.targets[url]
 
     async def set(self, urls: list[str], clients: int, temperature: float) -> None:
-        """Point the clients at these pods, with this many clients sampling at `temperature`."""
-        self.urls, self.temperature = urls, temperature
-        while len(self.workers) < clients:
-            self.workers.append(asyncio.create_task(self._client(len(self.workers))))
-        while len(self.workers) > clients:
-            self.workers.pop().cancel()
+        """Point the clients at these pods, with this many clients sampling at `temperature`.
+        Clients past the number finish the request they are on, then stop: one cut off would
+        count on its engine as an error (the client went away), a failure of no policy's."""
+        self.urls, self.temperature, self.clients = urls, temperature, clients
+        for i in range(clients):
+            if i not in self.workers or self.workers[i].done():
+                self.workers[i] = asyncio.create_task(self._client(i))
 
     async def _client(self, i: int) -> None:
         specs = requests(self.temperature, f"client/{i}")
         temperature = self.temperature
-        while True:
+        while i < self.clients:
             if not self.urls:
                 await asyncio.sleep(0.5)
                 continue
@@ -125,10 +127,10 @@ class Fleet:
         return Tick(met / seconds if seconds > 0 else 0.0, len(done), batch, overrun, totals)
 
     async def stop(self) -> None:
-        for w in self.workers:
+        for w in self.workers.values():
             w.cancel()
-        await asyncio.gather(*self.workers, return_exceptions=True)
-        self.workers = []
+        await asyncio.gather(*self.workers.values(), return_exceptions=True)
+        self.workers = {}
         for t in self.targets.values():
             await t.__aexit__()
         self.targets = {}
