@@ -78,8 +78,15 @@ def slo(time_scale: float) -> Slo:
 
 
 def specdeployment(
-    name: str, time_scale: float, damped: bool, target: Slo, real_cpu: bool = False
+    name: str,
+    time_scale: float,
+    damped: bool,
+    target: Slo,
+    real_cpu: bool = False,
+    window_s: int | None = None,
 ) -> dict[str, Any]:
+    """The benchmark's SpecDeployment; calibration windows of 30 modelled seconds unless
+    `window_s` (wall seconds) is given."""
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SpecDeployment",
@@ -105,7 +112,7 @@ def specdeployment(
                 "ttftMilliseconds": target.ttft_ms,
                 "tpotMilliseconds": target.tpot_ms,
             },
-            "tuning": {"calibrationWindowSeconds": round(30 * time_scale)}
+            "tuning": {"calibrationWindowSeconds": window_s or round(30 * time_scale)}
             | ({} if damped else {"minDwellSeconds": 0}),
         },
     }
@@ -143,6 +150,7 @@ class Setup:
         damped: bool,
         target: Slo,
         real_cpu: bool = False,
+        window_s: int | None = None,
     ) -> None:
         kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig",
                    env["SPECTUNE_KUBECONFIG"]]  # fmt: skip
@@ -166,7 +174,7 @@ class Setup:
             VERSION,
             self.namespace,
             PLURAL,
-            specdeployment(self.name, time_scale, damped, target, real_cpu),
+            specdeployment(self.name, time_scale, damped, target, real_cpu, window_s),
         )
 
     def exists(self) -> bool:

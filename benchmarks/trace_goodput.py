@@ -24,7 +24,7 @@ Simulated clock: the numbers are the device model's A100, slowed `--time-scale` 
 engine's overruns (iterations the CPU ran past that clock) are printed beside them.
 
 Usage: .venv/bin/python benchmarks/trace_goodput.py [--trace-speed 8] [--trace-scale 0.1]
-       [--sweep 24,36,48,60,72] [--out .cache/trace-goodput]
+       [--sweep 24,36,48,60,72] [--calibration-window-s 40] [--out .cache/trace-goodput]
 """
 
 from __future__ import annotations
@@ -200,7 +200,8 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
         f"at {both.speed:g}x ({seconds / 60:.1f} min each), lengths x{both.scale:g}, "
         f"temperature {args.temperature:g}; simulated A100 at {args.time_scale:g}x; "
         f"SLO {both.slo.ttft_ms} ms TTFT, {both.slo.tpot_ms} ms TPOT (wall clock); "
-        f"{overruns:.0f} iterations overran the modelled clock",
+        f"{overruns:.0f} iterations overran the modelled clock; calibration windows of "
+        f"{args.calibration_window_s or round(30 * args.time_scale)} s (wall)",
         f"warm-up calibration: {a100['reason']}; Events during Auto's replay: {reasons}",
         f"sweep over {sweep.source} (goodput req/s): {sweep_line}",
         "",
@@ -230,6 +231,7 @@ def main() -> None:
     parser.add_argument("--ttft-ms", type=float, default=2000, help="modelled SLO")
     parser.add_argument("--tpot-ms", type=float, default=100, help="modelled SLO")
     parser.add_argument("--windows", type=int, default=12)
+    parser.add_argument("--calibration-window-s", type=int, help="wall s (default: 30 modelled s)")
     parser.add_argument(
         "--duration-s", type=float, help="of each replay (default: the whole trace)"
     )
@@ -239,7 +241,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / ".cache" / "trace-goodput")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    setup = Setup(cluster_env(), args.out / "operator.log", args.time_scale, True, slo(args))
+    setup = Setup(
+        cluster_env(),
+        args.out / "operator.log",
+        args.time_scale,
+        True,
+        slo(args),
+        window_s=args.calibration_window_s,
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` cleans up
     try:
         asyncio.run(main_async(args, setup))
