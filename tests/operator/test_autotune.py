@@ -218,14 +218,19 @@ QUIET_MIX = {1: 300, 2: 300, 4: 200, 8: 200, 16: 50, 32: 20}
 BUSY_MIX = {1: 20, 2: 20, 4: 50, 8: 200, 16: 300, 32: 300}
 
 
+def moved(s, before: FleetWindow, measured: StatsByBucket) -> State:
+    """A calibration started over `before`, decided on `measured`: verifying its move."""
+    state = step(s, fresh(s), observe(0, before)).state
+    return step(s, state, observe(30, window({H100: measured}))).state
+
+
 def test_a_move_that_pays_is_kept_while_the_batch_mix_moves() -> None:
     """4 -> 12 where the crossover is 12, verified while the load fell from large batches to
     small ones: tokens per busy second fell with the batches (by more than half), and the
     same mix compares only the threshold's effect: faster, kept."""
     s = spec()
     before = window({H100: ran(12, 4, BUSY_MIX)})
-    state = step(s, fresh(s), observe(0, before)).state
-    state = step(s, state, observe(30, window({H100: curve(12)}))).state
+    state = moved(s, before, curve(12))
     assert state.threshold.current == 12
     after = window({H100: ran(12, 12, QUIET_MIX)})
 
@@ -244,9 +249,7 @@ def test_a_bad_estimate_is_rolled_back_on_decode_throughput() -> None:
     """An estimate forced to 48 where speculation stops paying at 12: batches 12-47 now
     speculate and decode slower; rolled back though the SLO-met share held."""
     s = spec()
-    before = window({H100: ran(12, 4, QUIET_MIX)})
-    state = step(s, fresh(s), observe(0, before)).state
-    state = step(s, state, observe(30, window({H100: curve(48)}))).state
+    state = moved(s, window({H100: ran(12, 4, QUIET_MIX)}), curve(48))
     assert state.threshold.current == 48
     after = window({H100: ran(12, 48, BUSY_MIX)})
     rolled = step(s, state, observe(30 + WINDOW, after))
