@@ -362,10 +362,9 @@ def same_mix_speedup(
         for bucket, now in buckets.items():
             total += now.seconds
             then = before.get(sku, {}).get(bucket)
-            rate = then.throughput if then is not None else None
-            if rate is None or then is None or min(then.steps, now.steps) < min_steps:
+            if then is None or then.throughput is None or min(then.steps, now.steps) < min_steps:
                 continue
-            would += now.tokens / rate
+            would += now.tokens / then.throughput
             took += now.seconds
     if took <= 0:
         return None
@@ -407,7 +406,7 @@ def compare_goodput(
         return slo
     if speedup is None and (slo is None or slo.verdict == "unknown"):
         why = slo.message if slo is not None else "no SLO-met share measured"
-        return GoodputCheck("unknown", f"no batch bucket measured in both windows; {why}")
+        return GoodputCheck("unknown", f"decode throughput not comparable; {why}")
     kept = "goodput did not fall beyond noise"
     if speedup is not None:
         kept += f" (decode throughput on the same batch mix x{speedup:.2f})"
