@@ -82,8 +82,9 @@ class Load:
         clients: int | Callable[[float], int] = CLIENTS,
         seconds: float = LOAD_SECONDS,
         temperature: float = 0.0,
+        requests: int = MAX_REQUESTS,
     ) -> None:
-        self.urls, self.sent, self.failed = urls, 0, 0
+        self.urls, self.sent, self.failed, self.requests = urls, 0, 0, requests
         self.temperature = temperature
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -99,7 +100,7 @@ class Load:
                 self.stop.wait(0.5)
                 continue
             with self.lock:
-                if self.sent >= MAX_REQUESTS:
+                if self.sent >= self.requests:
                     return
                 self.sent += 1
                 n, url = self.sent, self.urls[self.sent % len(self.urls)]

@@ -9,11 +9,17 @@ completions of code-like prompts repeat their context, so the drafter's tokens a
 and speculation pays up to large batches; sampled completions (temperature 1.0) of the same
 prompts rarely repeat it, acceptance falls several-fold (about 0.24 -> 0.03 here) and the
 crossover falls with it to a batch this machine's traffic reaches (measured 25-44; the device
-model for the greedy steps puts it near 80)."""
+model for the greedy steps puts it near 80).
+
+The same run then shows a rollback ("Must show" 9): a re-check (the maximum age) measures greedy
+traffic again and raises the threshold, and the traffic turns back to sampled as the raise lands,
+so that speculation runs where it no longer pays: the decode throughput the check compares on the
+same batch mix falls, and the operator puts the measured threshold back."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,13 +46,14 @@ from .test_operator_cluster import all_ready
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-WINDOW = 42  # tuning.calibrationWindowSeconds: one full cycle of the stepped clients
-LEVELS, LEVEL_SECONDS = (16, 40, 56), 14  # every window sees the same mix of batch sizes
+WINDOW = 30  # tuning.calibrationWindowSeconds: one full cycle of the stepped clients
+LEVELS, LEVEL_SECONDS = (16, 40, 56), 10  # every window sees the same mix of batch sizes
 # tuning.trafficChangePercent: the acceptance rate falls by about 85%; the closed-loop clients'
 # request rate falls too (by a third: the engine got slower), and must stay within the percent
 # for the trigger to name the acceptance rate, the cause, rather than the rate
 CHANGE_PERCENT = 60
-LOAD_SECONDS = 420
+LOAD_SECONDS, REQUESTS = 600, 8000  # some 12 requests a second at most
+MAX_AGE = 60  # tuning.maxAgeSeconds for the re-check: its minimum
 
 
 def fleet(cluster: Cluster, namespace: str, seconds: int = 20) -> str:
@@ -65,7 +72,7 @@ def fleet(cluster: Cluster, namespace: str, seconds: int = 20) -> str:
     return f"{rate:.1f} requests/s, acceptance {acceptance:.3f}, {running:.0f} running"
 
 
-def test_a_shift_to_text_drafting_accepts_poorly_lowers_the_threshold(
+def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_is_rolled_back(
     cluster: Cluster,
     admin: client.ApiClient,
     tuner: str,
@@ -75,7 +82,9 @@ def test_a_shift_to_text_drafting_accepts_poorly_lowers_the_threshold(
     value 96, one bucket above). The same clients then sample (temperature
     1.0): three idle windows in a row see the acceptance rate fall by more than
     trafficChangePercent, a calibration starts saying so, and the threshold it measures is more
-    than the dead band lower; the engine runs it."""
+    than the dead band lower; the engine runs it. A re-check on greedy traffic then raises it, the
+    traffic turns sampled again, and a RolledBack Event puts the lowered threshold back on the
+    engine."""
     namespace, name = tuner, "shifted"
     body = auto_sd(name)
     spec = body["spec"]
@@ -108,7 +117,8 @@ def test_a_shift_to_text_drafting_accepts_poorly_lowers_the_threshold(
     create(admin, namespace, body)
     pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, name, 1), timeout=120)
     (url,) = urls(pods)
-    with Load([url], stepped(LEVELS, LEVEL_SECONDS), seconds=LOAD_SECONDS) as load:
+    levels = stepped(LEVELS, LEVEL_SECONDS)
+    with Load([url], levels, seconds=LOAD_SECONDS, requests=REQUESTS) as load:
 
         def measured_and_idle() -> dict[str, Any] | None:
             status = calibration()
@@ -140,13 +150,13 @@ def test_a_shift_to_text_drafting_accepts_poorly_lowers_the_threshold(
 
         after = wait_until("the traffic-triggered calibration to end", recalibrated, 120, 2)
         live = speculation(url)
-    print(
-        f"sampled: {after['threshold']}, {after['perSku']}; {time.monotonic() - began:.0f}s, "
-        f"{load.sent} requests ({load.failed} failed)"
-    )
+        print(f"sampled: {after['threshold']}, {after['perSku']}")
+        sampled = after["threshold"]["current"]
+        rolled_back = raise_then_turn_the_traffic(admin, namespace, name, load, calibration)
+        back = speculation(url)
+    print(f"{time.monotonic() - began:.0f}s, {load.sent} requests ({load.failed} failed)")
     assert simulated(cluster, namespace)
     (a100,) = after["perSku"]
-    sampled = after["threshold"]["current"]
     assert a100["sku"] == A100 and a100["threshold"] == sampled, a100
     assert sampled < greedy and bucket_steps(sampled, greedy) > 1, (greedy, sampled)
     # the way the per-step measurements predict: the device model, fed what the engine drafted
@@ -159,3 +169,46 @@ def test_a_shift_to_text_drafting_accepts_poorly_lowers_the_threshold(
     )
     assert live["threshold"] == sampled
     assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
+    # the rollback: back to the threshold measured on sampled traffic, on the engine too
+    assert rolled_back["threshold"]["current"] == sampled, rolled_back["threshold"]
+    assert [s["threshold"] for s in rolled_back["perSku"]] == [sampled], rolled_back["perSku"]
+    assert back["threshold"] == sampled, back
+    (message,) = [e.message for e in events(admin, namespace, name) if e.reason == "RolledBack"]
+    print(f"RolledBack: {message}")
+    assert "decode throughput" in message and f"back to {A100} {sampled}" in message, message
+
+
+def raise_then_turn_the_traffic(
+    admin: client.ApiClient,
+    namespace: str,
+    name: str,
+    load: Load,
+    calibration: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """Once the last change is verified: greedy traffic and a maximum age that re-checks it;
+    the calibration raises the threshold (speculation pays at every measured batch again), and
+    the moment the raise is in force the traffic turns back to sampled. Returns the status once
+    the goodput check has decided."""
+    wait_until("the lowered threshold verified", lambda: idle(calibration()), 120, 2)
+    load.temperature = 0.0
+    client.CustomObjectsApi(admin).patch_namespaced_custom_object(
+        "spectune.io", "v1alpha1", namespace, "specdeployments", name,
+        {"spec": {"tuning": {"maxAgeSeconds": MAX_AGE}}},
+    )  # fmt: skip
+
+    def raised() -> dict[str, Any] | None:
+        status = calibration()
+        return status if status["calibration"]["phase"] == "Verifying" else None
+
+    status = wait_until("a re-check raising the threshold", raised, 240, 1)
+    load.temperature = 1.0
+    cal = status["calibration"]
+    print(f"re-check ({cal['trigger']}: {cal['message']}): {status['threshold']}")
+    assert cal["trigger"] == "MaxAge", cal
+    before = [s["threshold"] for s in cal["previous"]]
+    assert status["threshold"]["current"] > max(before), (before, status["threshold"])
+    return wait_until("the goodput check", lambda: idle(calibration()), 120, 2)
+
+
+def idle(status: dict[str, Any]) -> dict[str, Any] | None:
+    return status if status["calibration"]["phase"] == "Idle" else None
