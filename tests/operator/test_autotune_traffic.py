@@ -14,11 +14,14 @@ model for the greedy steps puts it near 80).
 The same run then shows a rollback ("Must show" 9): a re-check (the maximum age) measures greedy
 traffic again and raises the threshold, and the traffic turns back to sampled as the raise lands,
 so that speculation runs where it no longer pays: the decode throughput the check compares on the
-same batch mix falls, and the operator puts the measured threshold back."""
+same batch mix falls, and the operator puts the measured threshold back. The re-check after that,
+on the same load stepping either side of the crossover, keeps the threshold ("Must show" 10: no
+flapping, counted in Events)."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -84,7 +87,7 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
     trafficChangePercent, a calibration starts saying so, and the threshold it measures is more
     than the dead band lower; the engine runs it. A re-check on greedy traffic then raises it, the
     traffic turns sampled again, and a RolledBack Event puts the lowered threshold back on the
-    engine."""
+    engine; the next re-check, on the same load hovering about the crossover, moves nothing."""
     namespace, name = tuner, "shifted"
     body = auto_sd(name)
     spec = body["spec"]
@@ -154,6 +157,10 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
         sampled = after["threshold"]["current"]
         rolled_back = raise_then_turn_the_traffic(admin, namespace, name, load, calibration)
         back = speculation(url)
+        reasons = Counter(e.reason for e in events(admin, namespace, name))
+        rechecked = recheck(rolled_back, calibration)
+        reasons_after = Counter(e.reason for e in events(admin, namespace, name))
+        still = speculation(url)
     print(f"{time.monotonic() - began:.0f}s, {load.sent} requests ({load.failed} failed)")
     assert simulated(cluster, namespace)
     (a100,) = after["perSku"]
@@ -176,6 +183,12 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
     (message,) = [e.message for e in events(admin, namespace, name) if e.reason == "RolledBack"]
     print(f"RolledBack: {message}")
     assert "decode throughput" in message and f"back to {A100} {sampled}" in message, message
+    # no flapping ("Must show" 10): the load still hovers either side of the crossover, and the
+    # re-check that comes next (its maximum age) measures it again and moves nothing
+    print(f"re-check after the rollback ({rechecked['trigger']}): {rechecked['perSku']}")
+    assert reasons_after["ThresholdChanged"] == reasons["ThresholdChanged"], reasons_after
+    assert reasons_after["ThresholdKept"] > reasons["ThresholdKept"], reasons_after
+    assert still["threshold"] == sampled, still
 
 
 def raise_then_turn_the_traffic(
@@ -212,3 +225,21 @@ def raise_then_turn_the_traffic(
 
 def idle(status: dict[str, Any]) -> dict[str, Any] | None:
     return status if status["calibration"]["phase"] == "Idle" else None
+
+
+def recheck(
+    rolled_back: dict[str, Any], calibration: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """The calibration after the rollback, once it has decided: status.calibration."""
+    since = rolled_back["calibration"]["finishedAt"]
+
+    def done() -> dict[str, Any] | None:
+        status = calibration()
+        cal = status["calibration"]
+        return (
+            cal | {"perSku": status["perSku"]}
+            if idle(status) and cal["startedAt"] > since
+            else None
+        )
+
+    return wait_until("a re-check after the rollback", done, 150, 2)
