@@ -185,7 +185,8 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
     assert "decode throughput" in message and f"back to {A100} {sampled}" in message, message
     # no flapping ("Must show" 10): the load still hovers either side of the crossover, and the
     # re-check that comes next (its maximum age) measures it again and moves nothing
-    print(f"re-check after the rollback ({rechecked['trigger']}): {rechecked['perSku']}")
+    trigger = rechecked["calibration"]["trigger"]
+    print(f"re-check after the rollback ({trigger}): {rechecked['perSku']}")
     assert reasons_after["ThresholdChanged"] == reasons["ThresholdChanged"], reasons_after
     assert reasons_after["ThresholdKept"] > reasons["ThresholdKept"], reasons_after
     assert still["threshold"] == sampled, still
@@ -230,16 +231,11 @@ def idle(status: dict[str, Any]) -> dict[str, Any] | None:
 def recheck(
     rolled_back: dict[str, Any], calibration: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    """The calibration after the rollback, once it has decided: status.calibration."""
+    """The status once the calibration after the rollback has decided."""
     since = rolled_back["calibration"]["finishedAt"]
 
     def done() -> dict[str, Any] | None:
-        status = calibration()
-        cal = status["calibration"]
-        return (
-            cal | {"perSku": status["perSku"]}
-            if idle(status) and cal["startedAt"] > since
-            else None
-        )
+        status = idle(calibration())
+        return status if status and status["calibration"]["startedAt"] > since else None
 
     return wait_until("a re-check after the rollback", done, 150, 2)
