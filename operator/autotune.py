@@ -154,10 +154,9 @@ def engine_settings(
 
 def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) -> Reason | None:
     """The first change since the last measurement, in order of how much it moves the curve.
-    Nothing fires within one calibration window of the last calibration: a retry backs off."""
-    if cal.finishedAt is not None and obs.now - _time(cal.finishedAt) < timedelta(
-        seconds=spec.tuning.calibrationWindowSeconds
-    ):
+    Only a calibration that ended without a kept measurement backs off (`retryAfter`): a fleet
+    change right after a good one is looked at in the next reconcile."""
+    if cal.retryAfter is not None and obs.now < _time(cal.retryAfter):
         return None
     base = cal.baseline
     if base is None:
@@ -165,8 +164,11 @@ def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) 
     assert obs.window is not None
     baseline_traffic = _traffic(base.traffic)
     measured = _time(base.measuredAt)
-    # only windows wholly after the measurement: older ones saw the fleet it replaced
+    # only windows wholly after the measurement: older ones saw the fleet it replaced, or the
+    # calibration itself (whose batches the measurement already covers)
     recent = [t for at, t in obs.recent if at - timedelta(seconds=t.seconds) >= measured]
+    after = obs.now - measured >= timedelta(seconds=spec.tuning.calibrationWindowSeconds)
+    steps = obs.window.steps if after else {}
     return (
         spec_changed(SpecKey(base.model, base.draft, base.method, base.k), SpecKey.of(spec))
         or skus_changed(frozenset(base.skus), obs.window.skus)
@@ -176,8 +178,8 @@ def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) 
             if baseline_traffic is not None
             else None
         )
-        or past_bound(base.bounds, obs.window.steps)
-        or below_floor(base.floors, obs.window.steps)
+        or past_bound(base.bounds, steps)
+        or below_floor(base.floors, steps)
         or too_old(measured, obs.now, timedelta(seconds=spec.tuning.maxAgeSeconds))
     )
 
@@ -189,12 +191,14 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
     if spec.speculation.threshold.mode == "Manual":
         if cal.phase == "Idle":
             return Step(state)
-        return _finish(state, obs.now, Event("CalibrationCancelled", "threshold mode is Manual"))
+        cancelled = Event("CalibrationCancelled", "threshold mode is Manual")
+        return _finish(state, obs.now, cancelled, back_off=spec.tuning.calibrationWindowSeconds)
     if obs.window is None:
         if cal.phase == "Idle":
             return Step(state)
         why = f"Prometheus unavailable ({obs.error}): threshold kept, exploration lowered"
-        return _finish(state, obs.now, Event("CalibrationAborted", why, warning=True))
+        aborted = Event("CalibrationAborted", why, warning=True)
+        return _finish(state, obs.now, aborted, back_off=spec.tuning.calibrationWindowSeconds)
     if cal.phase == "Exploring":
         return _explore(spec, state, obs, obs.window)
     if cal.phase == "Verifying":
@@ -220,9 +224,14 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
     )
 
 
-def _finish(state: State, now: datetime, *events: Event) -> Step:
-    cal = state.calibration.model_copy(update={"phase": "Idle", "finishedAt": _iso(now)})
-    return Step(dataclasses.replace(state, calibration=cal), events)
+def _finish(state: State, now: datetime, *events: Event, back_off: int = 0) -> Step:
+    """Back to Idle; `back_off` seconds before the next trigger where nothing measured was
+    kept, so that a failing calibration is retried once a window, not in every reconcile."""
+    retry = _iso(now + timedelta(seconds=back_off)) if back_off else None
+    update = {"phase": "Idle", "finishedAt": _iso(now), "retryAfter": retry}
+    return Step(
+        dataclasses.replace(state, calibration=state.calibration.model_copy(update=update)), events
+    )
 
 
 def decided(window: FleetWindow, estimates: Mapping[str, Estimate]) -> bool:
@@ -248,7 +257,8 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     estimates = {k: e for k, e in estimates.items() if e.known}
     if not estimates:
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
-        return _finish(state, obs.now, Event("CalibrationFailed", why, warning=True))
+        failed = Event("CalibrationFailed", why, warning=True)
+        return _finish(state, obs.now, failed, back_off=spec.tuning.calibrationWindowSeconds)
     return _decide(spec, state, obs, window, estimates)
 
 
@@ -351,7 +361,7 @@ def _decide(
             or [SkuThreshold(sku=s, threshold=state.threshold.current) for s in estimates],
         }
     else:
-        update |= {"phase": "Idle", "finishedAt": _iso(now)}
+        update |= {"phase": "Idle", "finishedAt": _iso(now), "retryAfter": None}
     new = State(
         threshold=threshold,
         crossover=crossover,
@@ -389,7 +399,9 @@ def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: Fl
     )
     back = ", ".join(f"{s.sku} {s.threshold}" for s in previous)
     rolled_back = Event("RolledBack", f"{check.message}: back to {back}", warning=True)
-    return _finish(rolled, obs.now, *warned, rolled_back)
+    return _finish(
+        rolled, obs.now, *warned, rolled_back, back_off=spec.tuning.calibrationWindowSeconds
+    )
 
 
 def calibrated(spec: SpecDeploymentSpec, state: State) -> tuple[bool, str, str]:

@@ -225,6 +225,11 @@ class CalibrationStatus(BaseModel):
     startedAt: str | None = None
     changedAt: str | None = Field(None, description="when the threshold last changed")
     finishedAt: str | None = Field(None, description="when the last calibration ended")
+    retryAfter: str | None = Field(
+        None,
+        description="no trigger before this: the last calibration ended without a measurement "
+        "kept (failed, aborted, cancelled or rolled back)",
+    )
     previous: list[SkuThreshold] = Field(
         default_factory=list, description="thresholds before the last change (for roll back)"
     )

@@ -202,6 +202,37 @@ def test_an_slo_met_share_drop_beyond_noise_rolls_back() -> None:
     assert rolled.state.calibration.phase == "Idle"
 
 
+def test_a_rollback_backs_off_a_verified_change_does_not() -> None:
+    """A fleet change right after a verified calibration is looked at in the next reconcile;
+    after a rollback (nothing measured was kept) the next trigger waits one window."""
+    s = spec()
+    verified = measured(s)  # Idle at T0 + 120 s
+    assert verified.calibration.retryAfter is None
+    scaled = step(s, verified, observe(2 * WINDOW + 10, window(), replicas=3))
+    assert scaled.state.calibration.trigger == "Replicas"
+    state = step(s, fresh(s), observe(0, window(load=traffic(slo_met_share=0.95)))).state
+    state = step(s, state, observe(30, window({H100: curve(12)}))).state
+    worse = window({H100: curve(12)}, load=traffic(slo_met_share=0.7))
+    rolled = step(s, state, observe(30 + WINDOW, worse)).state
+    assert rolled.calibration.retryAfter is not None
+    assert step(s, rolled, observe(40 + WINDOW, window(), replicas=3)).state == rolled
+    retried = step(s, rolled, observe(30 + 2 * WINDOW, window(), replicas=3))
+    assert retried.state.calibration.trigger == "Replicas"
+
+
+def test_the_calibrations_own_window_does_not_count_as_traffic_past_its_bound() -> None:
+    """A calibration kept 24 (speculation pays through bucket 16); right after it, the window
+    still holds its own steps, so the past-bound trigger judges only windows wholly after it."""
+    s = spec(value=24)
+    small = (1, 2, 4, 8, 16)
+    state = calibrate(s, fresh(s), 0, {H100: curve(100, buckets=small)})
+    assert state.calibration.phase == "Idle" and state.threshold.current == 24
+    most = window({H100: curve(100, buckets=(1, 2)) | curve(100, buckets=(24, 32, 48))})
+    assert step(s, state, observe(WINDOW + 10, most)).state == state
+    started = step(s, state, observe(2 * WINDOW, most))
+    assert started.state.calibration.trigger == "Traffic"
+
+
 def ran(crossover: float, threshold: int, steps: dict[int, int]) -> StatsByBucket:
     """What engines whose true curve crosses at `crossover` decode under `threshold` (no
     exploration): `steps[b]` steps at bucket b, in the mode the threshold picks there."""
