@@ -25,11 +25,16 @@ the two crossovers and the buckets between them are printed.
 With `--hover-minutes N` it measures flapping instead (issue 13, "Must show" 10): after the
 calibration the deployment stays Auto, with the default damping (`tuning.minDwellSeconds`
 300, a one-bucket dead band), while the load alternates between two levels either side of
-the crossover for N minutes, and the operator's Events are counted.
+the crossover for N minutes, and the operator's Events are counted. Each level lasts
+`--hover-level-seconds` (default 2.5 modelled seconds: fast swings that whole windows average
+out; one calibration window each: slow swings that each window sees on one side), and
+`--hover-max-age` lowers `tuning.maxAgeSeconds` so that re-checks come while it hovers and the
+damping itself decides what they move.
 
 Usage: .venv/bin/python benchmarks/autotune_goodput.py [--levels 16,64] [--fixed 48]
        [--seconds 40] [--rounds 2] [--time-scale 16] [--out .cache/autotune-goodput]
-       [--hover-minutes 10 --hover-levels 28,44] [--exploration-cost] [--real-cpu]
+       [--hover-minutes 10 --hover-levels 28,44 --hover-level-seconds 120 --hover-max-age 60]
+       [--exploration-cost] [--real-cpu]
 """
 
 from __future__ import annotations
@@ -209,11 +214,18 @@ class Setup:
             return None
         return f"http://{ready[0].status.pod_ip}:{PORT}"
 
-    def event_reasons(self) -> list[str]:
+    def events(self) -> list[tuple[str, str]]:
+        """(reason, message) of the SpecDeployment's Events, oldest first."""
         events = self.core.list_namespaced_event(
             self.namespace, field_selector=f"involvedObject.name={self.name}"
         ).items
-        return [e.reason for e in sorted(events, key=lambda e: e.metadata.creation_timestamp)]
+        ordered = sorted(events, key=lambda e: e.metadata.creation_timestamp)
+        return [(e.reason, e.message) for e in ordered]
+
+    def tune(self, tuning: dict[str, int]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name, {"spec": {"tuning": tuning}}
+        )
 
     def token(self) -> str:
         secret = self.core.read_namespaced_secret(
@@ -381,20 +393,28 @@ def read_overruns(url: str) -> float:
 
 async def hover(target: HttpTarget, setup: Setup, args: argparse.Namespace) -> None:
     """Load alternating either side of the crossover under Auto; the Events it caused."""
-    before = len(await asyncio.to_thread(setup.event_reasons))
+    before = len(await asyncio.to_thread(setup.events))
+    if args.hover_max_age:
+        await asyncio.to_thread(setup.tune, {"maxAgeSeconds": args.hover_max_age})
     started = time.monotonic()
-    step_s = 2.5 * args.time_scale
+    step_s = args.hover_level_seconds or 2.5 * args.time_scale
     for i, clients in enumerate(itertools.cycle(args.hover_levels)):
         if time.monotonic() - started >= 60 * args.hover_minutes:
             break
         await level(target, clients, step_s, f"hover/{i}")
-    reasons = (await asyncio.to_thread(setup.event_reasons))[before:]
+        seen = (await asyncio.to_thread(setup.events))[before:]
+        print(f"  hovering: {time.monotonic() - started:.0f} s, {clients} clients; "
+              f"{len(seen)} events so far", flush=True)  # fmt: skip
+    events = (await asyncio.to_thread(setup.events))[before:]
+    reasons = [r for r, _ in events]
     counts = {r: reasons.count(r) for r in sorted(set(reasons))}
     status = await asyncio.to_thread(setup.status)
+    print("\n".join(f"  {r}: {m}" for r, m in events))
     print(f"\nhovering {args.hover_minutes:g} min between {args.hover_levels} clients "
-          f"({step_s:g} s each; simulated A100 at {args.time_scale:g}x): events {counts}; "
+          f"({step_s:g} s each; maximum age {args.hover_max_age or 'default'}; simulated A100 "
+          f"at {args.time_scale:g}x): events {counts}; "
           f"threshold now {status['threshold']['current']}")  # fmt: skip
-    (args.out / "hover.json").write_text(json.dumps({"events": reasons, "counts": counts}))
+    (args.out / "hover.json").write_text(json.dumps({"events": events, "counts": counts}))
 
 
 async def exploration_cost(target: HttpTarget, args: argparse.Namespace) -> None:
@@ -481,6 +501,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / ".cache" / "autotune-goodput")
     parser.add_argument("--hover-minutes", type=float, default=0.0, help="measure flapping")
     parser.add_argument("--hover-levels", type=numbers, default=[28, 44], help="clients")
+    parser.add_argument("--hover-level-seconds", type=float, help="how long each level lasts")
+    parser.add_argument(
+        "--hover-max-age", type=int, help="tuning.maxAgeSeconds while hovering (at least 60)"
+    )
     parser.add_argument(
         "--exploration-cost", action="store_true", help="measure what calibrating costs"
     )
@@ -488,6 +512,8 @@ def main() -> None:
         "--real-cpu", action="store_true", help="the operator against bench --url, CPU timing"
     )
     args = parser.parse_args()
+    if args.hover_max_age is not None and args.hover_max_age < 60:
+        parser.error("--hover-max-age: tuning.maxAgeSeconds is at least 60")
     args.out.mkdir(parents=True, exist_ok=True)
     setup = Setup(
         cluster_env(),
