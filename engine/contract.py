@@ -15,6 +15,9 @@ PREFIX = "spectune_"
 
 REQUESTS = "spectune_requests_total"  # counter, label outcome
 REQUESTS_SLO_MET = "spectune_requests_slo_met_total"  # counter: goodput = rate()
+# Prompt tokens of the requests answered in full (outcome ok): over REQUESTS{outcome="ok"},
+# the mean prompt length, which moves the crossover (longer contexts: more KV to read).
+PROMPT_TOKENS = "spectune_prompt_tokens_total"  # counter
 TIME_TO_FIRST_TOKEN = "spectune_time_to_first_token_seconds"  # histogram
 INTER_TOKEN_LATENCY = "spectune_inter_token_latency_seconds"  # histogram
 E2E_REQUEST_LATENCY = "spectune_e2e_request_latency_seconds"  # histogram
@@ -43,7 +46,8 @@ ENGINE_INFO = "spectune_engine_info"
 SIMULATED_OVERRUNS = "spectune_simulated_overruns_total"  # counter
 
 ALL_METRICS = (
-    REQUESTS, REQUESTS_SLO_MET, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY,
+    REQUESTS, REQUESTS_SLO_MET, PROMPT_TOKENS, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY,
+    E2E_REQUEST_LATENCY,
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, ADMITTED_CONCURRENCY,
     STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, DRAFT_CATCHUP_SECONDS, ITERATIONS,
     SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_THRESHOLD, SPEC_EXPLORATION_RATIO,

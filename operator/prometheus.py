@@ -204,6 +204,7 @@ class PrometheusReader:
             slo_met=total(increase(c.REQUESTS_SLO_MET)),
             ok_requests=total(increase(c.REQUESTS, selector.matchers(outcome="ok"))),
             rejected_requests=total(increase(c.REQUESTS, selector.matchers(outcome="rejected"))),
+            prompt_tokens=total(increase(c.PROMPT_TOKENS)),
             decode_tokens=total(tokens),
             drafted_tokens=total(increase(c.SPEC_DRAFT_TOKENS)),
             accepted_tokens=total(increase(c.SPEC_ACCEPTED_TOKENS)),

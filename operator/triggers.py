@@ -42,6 +42,7 @@ class Traffic:
     slo_met: float | None = None
     ok_requests: float | None = None
     rejected_requests: float | None = None  # refused: the admission queue was full
+    prompt_tokens: float | None = None  # of the successful requests
     decode_tokens: float | None = None  # committed by decode iterations, both modes
     drafted_tokens: float | None = None
     accepted_tokens: float | None = None
@@ -70,6 +71,11 @@ class Traffic:
         return _ratio(self.slo_met, self.judged_requests)
 
     @property
+    def prompt_tokens_per_request(self) -> float | None:
+        """Mean prompt length of the successful requests: the context a sequence starts with."""
+        return _ratio(self.prompt_tokens, self.ok_requests)
+
+    @property
     def tokens_per_request(self) -> float | None:
         """Decode tokens per successful request: a stand-in for output length."""
         return _ratio(self.decode_tokens, self.ok_requests)
@@ -90,7 +96,8 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 # The traffic signals a shift is judged on: the crossover moves with each of them.
 TRAFFIC_SIGNALS = {
     "request rate": "request_rate",
-    "tokens per request": "tokens_per_request",
+    "prompt tokens per request": "prompt_tokens_per_request",
+    "output tokens per request": "tokens_per_request",
     "acceptance rate": "acceptance",
 }
 

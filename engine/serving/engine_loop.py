@@ -243,7 +243,7 @@ class EngineLoop:
             and timing is not None
             and timing.meets(self.slo.ttft_ms / 1e3, self.slo.tpot_ms / 1e3)
         )
-        self.metrics.observe_request(timing, outcome, met)
+        self.metrics.observe_request(timing, outcome, met, stream.seq.prompt_len)
 
     def _publish_state(self) -> None:
         sched = self.engine.scheduler

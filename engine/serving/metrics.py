@@ -48,6 +48,9 @@ class EngineMetrics:
         self.slo_met = Counter(
             _name(c.REQUESTS_SLO_MET), "Requests within TTFT and TPOT targets", registry=r
         )
+        self.prompt_tokens = Counter(
+            _name(c.PROMPT_TOKENS), "Prompt tokens of requests answered in full", registry=r
+        )
         self.ttft = Histogram(
             c.TIME_TO_FIRST_TOKEN, "Time to first token", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -128,8 +131,12 @@ class EngineMetrics:
             self.draft_tokens.inc(it.drafted)
             self.accepted.inc(it.accepted)
 
-    def observe_request(self, timing: RequestTiming | None, outcome: str, slo_met: bool) -> None:
+    def observe_request(
+        self, timing: RequestTiming | None, outcome: str, slo_met: bool, prompt_tokens: int = 0
+    ) -> None:
         self.requests.labels(outcome).inc()
+        if outcome == "ok":
+            self.prompt_tokens.inc(prompt_tokens)
         if timing is None:
             return
         self.ttft.observe(timing.ttft)

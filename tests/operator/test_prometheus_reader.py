@@ -158,6 +158,10 @@ def engine_pod(cluster: Cluster, tiny_pair: tuple[Path, Path]) -> Iterator[Any]:
             core.delete_namespace(ns)
 
 
+def complete_prompt(client: int, n: int) -> str:
+    return f"def function_{client}_{n}(self, value):\n    return value"
+
+
 def complete(base: str, prompt: str) -> bool:
     body = json.dumps({"model": "tiny-target", "prompt": prompt, "max_tokens": 24}).encode()
     request = urllib.request.Request(
@@ -175,7 +179,7 @@ def drive(base: str, seconds: float, concurrency: int = 3) -> int:
     def client_loop(i: int) -> int:
         done = 0
         while time.monotonic() < deadline:
-            done += complete(base, f"def function_{i}_{done}(self, value):\n    return value")
+            done += complete(base, complete_prompt(i, done))
         return done
 
     with ThreadPoolExecutor(concurrency) as pool:
@@ -214,6 +218,9 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
     assert t.rejected_requests == 0 and t.judged_requests == t.ok_requests
     assert t.acceptance is not None and 0 <= t.acceptance <= 1
     assert t.tokens_per_request is not None and 1 <= t.tokens_per_request <= 24 * 1.3
+    # every prompt drive() sends is "def function_{i}_{n}(self, value):\n    return value"
+    assert t.prompt_tokens_per_request is not None
+    assert 10 <= t.prompt_tokens_per_request <= len(complete_prompt(0, 0)) + 8
     assert t.decode_tokens == pytest.approx(sum(s.tokens for s in stats.values()), rel=0.01)
     assert t.mean_running is not None and t.mean_running >= 0
     assert t.admitted_concurrency is not None and t.admitted_concurrency >= 1

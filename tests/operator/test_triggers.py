@@ -36,12 +36,15 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 WINDOW = 60.0
 
 
-def traffic(rate: float = 10.0, tokens: float = 100.0, acceptance: float = 0.6) -> Traffic:
+def traffic(
+    rate: float = 10.0, tokens: float = 100.0, acceptance: float = 0.6, prompt: float = 64.0
+) -> Traffic:
     requests = rate * WINDOW
     return Traffic(
         seconds=WINDOW,
         requests=requests,
         ok_requests=requests,
+        prompt_tokens=requests * prompt,
         decode_tokens=requests * tokens,
         drafted_tokens=1000.0,
         accepted_tokens=1000.0 * acceptance,
@@ -103,6 +106,7 @@ def test_noise_within_the_percent_never_fires() -> None:
                 10 * rng.uniform(0.75, 1.25),
                 100 * rng.uniform(0.75, 1.25),
                 0.6 * rng.uniform(0.75, 1.25),
+                64 * rng.uniform(0.75, 1.25),
             )
         )
         assert traffic_shifted(base, history, percent=30) is None
@@ -113,7 +117,8 @@ def test_noise_within_the_percent_never_fires() -> None:
     [
         (traffic(rate=14), "request rate"),
         (traffic(rate=6), "request rate"),
-        (traffic(tokens=200), "tokens per request"),
+        (traffic(tokens=200), "output tokens per request"),
+        (traffic(prompt=512), "prompt tokens per request"),
         (traffic(acceptance=0.3), "acceptance rate"),
     ],
 )

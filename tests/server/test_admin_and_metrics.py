@@ -130,15 +130,32 @@ def test_admin_put_changes_only_the_fields_given(server: Served) -> None:
     assert restored.json()["k"] == 4 and restored.json()["threshold"] is None
 
 
+OUTCOMES = ("error", "ok", "invalid")
+
+
+def prompt_tokens(server: Served) -> float:
+    return total(parse(server.get("/metrics").text), contract.PROMPT_TOKENS)
+
+
+def test_prompt_tokens_count_what_the_answered_requests_were_given(server: Served) -> None:
+    """The operator's prompt-length signal: prompt tokens over successful requests."""
+    before = prompt_tokens(server)
+    given = 0
+    for prompt in ("def main():\n", "import os\nimport sys\n\n\nclass Reader:\n    def "):
+        answer = server.post("/v1/completions", json=BODY | {"prompt": prompt})
+        assert answer.status_code == 200
+        given += answer.json()["usage"]["prompt_tokens"]
+    assert given > 0 and prompt_tokens(server) == before + given
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_an_abandoned_request_counts_as_error_and_stops(server: Served, stream: bool) -> None:
     def outcomes() -> tuple[float, ...]:
         samples = parse(server.get("/metrics").text)
-        return tuple(
-            total(samples, contract.REQUESTS, outcome=o) for o in ("error", "ok", "invalid")
-        )
+        by_outcome = [total(samples, contract.REQUESTS, outcome=o) for o in OUTCOMES]
+        return (*by_outcome, total(samples, contract.PROMPT_TOKENS))
 
-    errors, oks, invalid = outcomes()
+    errors, oks, invalid, prompts = outcomes()
     body = BODY | {"max_tokens": 240, "stream": stream}  # the context holds 256
     url = server.url + "/v1/completions"
     if stream:
@@ -153,7 +170,7 @@ def test_an_abandoned_request_counts_as_error_and_stops(server: Served, stream: 
     while outcomes()[0] < errors + 1:
         assert time.monotonic() < deadline, "the abandoned request was not counted as error"
         time.sleep(0.1)
-    assert outcomes() == (errors + 1, oks, invalid)
+    assert outcomes() == (errors + 1, oks, invalid, prompts)  # its prompt is not counted
     assert server.get("/admin/speculation").json()["running"] == 0  # and no longer runs
 
 
