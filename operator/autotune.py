@@ -192,13 +192,12 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
         if cal.phase == "Idle":
             return Step(state)
         cancelled = Event("CalibrationCancelled", "threshold mode is Manual")
-        return _finish(state, obs.now, cancelled, back_off=spec.tuning.calibrationWindowSeconds)
+        return _give_up(spec, state, obs.now, cancelled)
     if obs.window is None:
         if cal.phase == "Idle":
             return Step(state)
         why = f"Prometheus unavailable ({obs.error}): threshold kept, exploration lowered"
-        aborted = Event("CalibrationAborted", why, warning=True)
-        return _finish(state, obs.now, aborted, back_off=spec.tuning.calibrationWindowSeconds)
+        return _give_up(spec, state, obs.now, Event("CalibrationAborted", why, warning=True))
     if cal.phase == "Exploring":
         return _explore(spec, state, obs, obs.window)
     if cal.phase == "Verifying":
@@ -224,14 +223,18 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
     )
 
 
-def _finish(state: State, now: datetime, *events: Event, back_off: int = 0) -> Step:
-    """Back to Idle; `back_off` seconds before the next trigger where nothing measured was
-    kept, so that a failing calibration is retried once a window, not in every reconcile."""
-    retry = _iso(now + timedelta(seconds=back_off)) if back_off else None
-    update = {"phase": "Idle", "finishedAt": _iso(now), "retryAfter": retry}
-    return Step(
-        dataclasses.replace(state, calibration=state.calibration.model_copy(update=update)), events
-    )
+def _finish(state: State, now: datetime, *events: Event, retry_after: str | None = None) -> Step:
+    update = {"phase": "Idle", "finishedAt": _iso(now), "retryAfter": retry_after}
+    cal = state.calibration.model_copy(update=update)
+    return Step(dataclasses.replace(state, calibration=cal), events)
+
+
+def _give_up(spec: SpecDeploymentSpec, state: State, now: datetime, *events: Event) -> Step:
+    """End a calibration that kept nothing it measured (failed, aborted, cancelled, rolled
+    back): the next trigger waits one window, so that it is retried once a window, not in
+    every reconcile."""
+    retry = now + timedelta(seconds=spec.tuning.calibrationWindowSeconds)
+    return _finish(state, now, *events, retry_after=_iso(retry))
 
 
 def decided(window: FleetWindow, estimates: Mapping[str, Estimate]) -> bool:
@@ -257,8 +260,7 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     estimates = {k: e for k, e in estimates.items() if e.known}
     if not estimates:
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
-        failed = Event("CalibrationFailed", why, warning=True)
-        return _finish(state, obs.now, failed, back_off=spec.tuning.calibrationWindowSeconds)
+        return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
     return _decide(spec, state, obs, window, estimates)
 
 
@@ -399,9 +401,7 @@ def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: Fl
     )
     back = ", ".join(f"{s.sku} {s.threshold}" for s in previous)
     rolled_back = Event("RolledBack", f"{check.message}: back to {back}", warning=True)
-    return _finish(
-        rolled, obs.now, *warned, rolled_back, back_off=spec.tuning.calibrationWindowSeconds
-    )
+    return _give_up(spec, rolled, obs.now, *warned, rolled_back)
 
 
 def calibrated(spec: SpecDeploymentSpec, state: State) -> tuple[bool, str, str]:

@@ -236,7 +236,7 @@ def test_auto_measures_the_crossover_and_follows_a_replica_change(
             f"calibrated after {measured_at:.0f}s: start {START} -> {threshold}, {h100}"
         )
 
-        # a replica change re-triggers (after the goodput check and one window of back-off)
+        # a replica change re-triggers (once the goodput check is done: no back-off after it)
         client.CustomObjectsApi(admin).patch_namespaced_custom_object_scale(
             "spectune.io", "v1alpha1", namespace, "specdeployments", name, {"spec": {"replicas": 2}}
         )
