@@ -162,12 +162,14 @@ def _duration(d: timedelta) -> str:
 def traffic_shifted(
     baseline: Traffic, recent: Sequence[Traffic], percent: float, windows: int = 3
 ) -> Reason | None:
-    """A signal moved more than `percent` from the baseline, in the same direction, in each
-    of the last `windows` windows. One noisy window, or noise within the percent, never
-    fires; a window where the signal is unknown breaks the run."""
+    """Signals that moved more than `percent` from the baseline, in the same direction, in
+    each of the last `windows` windows; the message names every one (longer prompts also slow
+    the request rate: which moved tells what changed). One noisy window, or noise within the
+    percent, never fires; a window where the signal is unknown breaks the run."""
     if len(recent) < windows:
         return None
     last = recent[-windows:]
+    moved = []
     for label, attr in TRAFFIC_SIGNALS.items():
         base = getattr(baseline, attr)
         if base is None or base <= 0:
@@ -178,13 +180,16 @@ def traffic_shifted(
         changes = [(v - base) / base * 100 for v in values]
         if all(c > percent for c in changes) or all(c < -percent for c in changes):
             median = sorted(values)[len(values) // 2]
-            return Reason(
-                "Traffic",
+            moved.append(
                 f"{label} moved by at least {min(changes, key=abs):+.0f}% "
-                f"({base:.3g} -> {median:.3g}) over {windows} windows, "
-                f"beyond the {percent:g}% trafficChangePercent",
+                f"({base:.3g} -> {median:.3g})"
             )
-    return None
+    if not moved:
+        return None
+    return Reason(
+        "Traffic",
+        f"{'; '.join(moved)} over {windows} windows, beyond the {percent:g}% trafficChangePercent",
+    )
 
 
 def past_bound(

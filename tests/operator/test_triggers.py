@@ -133,6 +133,15 @@ def test_a_shift_held_for_the_windows_fires_naming_the_signal(
     assert "30% trafficChangePercent" in reason.message
 
 
+def test_every_signal_that_moved_is_named() -> None:
+    base, longer = traffic(), traffic(rate=5, prompt=512)
+    reason = traffic_shifted(base, [longer] * 3, percent=30)
+    assert reason is not None
+    assert reason.message.startswith("request rate moved by at least -50% (10 -> 5); ")
+    assert "prompt tokens per request moved by at least +700% (64 -> 512) over 3" in reason.message
+    assert "acceptance" not in reason.message and "output" not in reason.message
+
+
 def test_a_spike_or_a_shift_that_flips_direction_does_not_fire() -> None:
     base = traffic()
     spike = [traffic(), traffic(rate=30), traffic()]
