@@ -109,6 +109,11 @@ def _simulation_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="cached tokens each sequence holds on the simulated SKU beyond its real ones",
     )
+    parser.add_argument(
+        "--simulate-context-scale",
+        type=float,
+        help="each real cached token counts as this many on the simulated SKU (default 1)",
+    )
 
 
 def _numbers(kind: type) -> Callable[[str], tuple]:
@@ -332,6 +337,7 @@ def _bench_settings(args: argparse.Namespace):
         simulate_device=args.simulate_device,
         simulate_time_scale=args.simulate_time_scale or 1.0,
         simulate_extra_context=args.simulate_extra_context or 0,
+        simulate_context_scale=args.simulate_context_scale or 1.0,
         trace=_trace_settings(args),
     )
 

@@ -36,6 +36,7 @@ class EngineConfig:
     simulate_device: str | None = None  # a GPU SKU (device_time.SKUS): real tokens, its clock
     simulate_time_scale: float = 1.0  # modelled seconds x this = the simulated iteration's time
     simulate_extra_context: int = 0  # cached tokens per sequence the simulated SKU adds
+    simulate_context_scale: float = 1.0  # modelled cached tokens per real one
 
     def __post_init__(self) -> None:
         method = self.method if self.method != "auto" else ("draft" if self.draft else "none")
@@ -57,6 +58,10 @@ class EngineConfig:
             raise InvalidConfig(f"simulate_time_scale must be > 0, got {self.simulate_time_scale}")
         if self.simulate_extra_context < 0:
             raise InvalidConfig("simulate_extra_context must be >= 0")
+        if not self.simulate_context_scale > 0:
+            raise InvalidConfig(
+                f"simulate_context_scale must be > 0, got {self.simulate_context_scale}"
+            )
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise InvalidConfig(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
 

@@ -83,6 +83,7 @@ class LLMEngine:
                     config.simulate_device,
                     config.simulate_time_scale,
                     config.simulate_extra_context,
+                    config.simulate_context_scale,
                 )
             except ValueError as err:
                 raise InvalidConfig(str(err)) from None

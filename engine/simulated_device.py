@@ -43,14 +43,22 @@ class SimulatedDevice:
     # Cached tokens each sequence holds on the simulated device beyond its real ones: the
     # built-in models were trained on 128-token sequences, serving contexts run to thousands.
     extra_context: int = 0
+    # Modelled cached tokens per real one: unlike the extra context, it keeps the traffic's
+    # prompt lengths in proportion, so that longer prompts move the crossover as far as
+    # thousands-of-tokens contexts would (the built-in models hold 256).
+    context_scale: float = 1.0
     modelled: float = 0.0  # scaled modelled seconds so far: the engine's clock
     overruns: int = 0  # iterations whose real time exceeded their modelled time
     _last_log: float = field(default=-OVERRUN_LOG_INTERVAL_S, repr=False)
 
     @classmethod
-    def named(cls, sku: str, time_scale: float = 1.0, extra_context: int = 0) -> SimulatedDevice:
-        """EngineConfig has checked the scale and the extra context; the SKU is looked up here."""
-        return cls(sku_named(sku), time_scale, extra_context=extra_context)
+    def named(
+        cls, sku: str, time_scale: float = 1.0, extra_context: int = 0, context_scale: float = 1.0
+    ) -> SimulatedDevice:
+        """EngineConfig has checked the scales and the extra context; the SKU is looked up here."""
+        return cls(
+            sku_named(sku), time_scale, extra_context=extra_context, context_scale=context_scale
+        )
 
     @property
     def label(self) -> str:
@@ -64,7 +72,7 @@ class SimulatedDevice:
         """Advance the clock by one forward over `feeds`: each reads its `start` cached tokens,
         and its j-th new token attends to start + j of them."""
         positions = sum(len(f.tokens) for f in feeds)
-        starts = [f.start + self.extra_context for f in feeds]
+        starts = [round(f.start * self.context_scale) + self.extra_context for f in feeds]
         attended = sum(
             len(f.tokens) * start + len(f.tokens) * (len(f.tokens) - 1) // 2
             for f, start in zip(feeds, starts, strict=True)

@@ -20,7 +20,8 @@ real engines at the pods' IPs exactly as they would in a cluster:
   a simulated GPU: the SKU of its node's `nvidia.com/gpu.product` label, as a GPU driver makes
   the node's device visible (engine/simulated_device.py), slowed by --simulate-time-scale;
   a pod annotated `spectune.io/simulate-gpu: "true"` is simulated so even without the flag,
-  and `spectune.io/simulate-time-scale` sets its own clock's slowdown;
+  and `spectune.io/simulate-time-scale` sets its own clock's slowdown,
+  `spectune.io/simulate-context-scale` how many modelled cached tokens each real one counts as;
   a pod's own SPECTUNE_SIMULATE_* env wins, and a node without the label runs it on the CPU;
 - the pod is Ready only while its engine answers GET /readyz with 200, as a kubelet's readiness
   probe would have it (kwok leaves pods unready): the runner writes the pod's Ready and
@@ -61,6 +62,7 @@ LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 STRIPPED_FLAGS = ("--host", "--port")
 SIMULATE_ANNOTATION = "spectune.io/simulate-gpu"
 TIME_SCALE_ANNOTATION = "spectune.io/simulate-time-scale"
+CONTEXT_SCALE_ANNOTATION = "spectune.io/simulate-context-scale"
 FIELD_REFS = {
     "metadata.name": lambda pod: pod.metadata.name,
     "metadata.namespace": lambda pod: pod.metadata.namespace,
@@ -128,12 +130,17 @@ class SkipPod(Exception):
     """The pod cannot be run here (no port, non-loopback IP, missing ConfigMap...)."""
 
 
-def simulated_env(product: str | None, time_scale: float) -> dict[str, str]:
+def simulated_env(
+    product: str | None, time_scale: float, context_scale: float = 1.0
+) -> dict[str, str]:
     """The environment that runs an engine on its node's GPU, simulated (nothing off a GPU
     node)."""
     if not product:
         return {}
-    return {"SPECTUNE_SIMULATE_DEVICE": product, "SPECTUNE_SIMULATE_TIME_SCALE": f"{time_scale:g}"}
+    env = {"SPECTUNE_SIMULATE_DEVICE": product, "SPECTUNE_SIMULATE_TIME_SCALE": f"{time_scale:g}"}
+    if context_scale != 1.0:
+        env["SPECTUNE_SIMULATE_CONTEXT_SCALE"] = f"{context_scale:g}"
+    return env
 
 
 def wants_simulation(runner_mode: bool, annotations: dict[str, str] | None) -> bool:
@@ -142,18 +149,19 @@ def wants_simulation(runner_mode: bool, annotations: dict[str, str] | None) -> b
     return runner_mode or (annotations or {}).get(SIMULATE_ANNOTATION) == "true"
 
 
-def time_scale_of(runner_scale: float, annotations: dict[str, str] | None) -> float:
-    """The runner's time scale, or the pod's own: a test that needs many steps in little time
-    runs faster (the modelled step times stay the SKU's; only the wall clock is scaled)."""
-    value = (annotations or {}).get(TIME_SCALE_ANNOTATION)
+def scale_of(annotation: str, default: float, annotations: dict[str, str] | None) -> float:
+    """The pod's own scale from `annotation`, else the default. The time scale: a test that
+    needs many steps in little time runs faster (the modelled step times stay the SKU's; only
+    the wall clock is scaled). The context scale: longer prompts weigh as long contexts do."""
+    value = (annotations or {}).get(annotation)
     if value is None:
-        return runner_scale
+        return default
     try:
         scale = float(value)
     except ValueError:
         scale = 0.0
     if not scale > 0:
-        raise SkipPod(f"annotation {TIME_SCALE_ANNOTATION}={value!r} is not a positive number")
+        raise SkipPod(f"annotation {annotation}={value!r} is not a positive number")
     return scale
 
 
@@ -384,8 +392,12 @@ class Runner:
         if not wants_simulation(self.simulate, pod.metadata.annotations) or not pod.spec.node_name:
             return {}
         labels = self.core.read_node(pod.spec.node_name).metadata.labels or {}
-        scale = time_scale_of(self.time_scale, pod.metadata.annotations)
-        return simulated_env(labels.get("nvidia.com/gpu.product"), scale)
+        annotations = pod.metadata.annotations
+        return simulated_env(
+            labels.get("nvidia.com/gpu.product"),
+            scale_of(TIME_SCALE_ANNOTATION, self.time_scale, annotations),
+            scale_of(CONTEXT_SCALE_ANNOTATION, 1.0, annotations),
+        )
 
     def wanted(self) -> dict[str, tuple[EngineSpec, dict[Path, bytes], str, dict[str, Any]]]:
         """Engines that should run now, by pod UID, with their pod's status as the API has it."""

@@ -117,6 +117,7 @@ class BenchSettings:
     simulate_device: str | None = None  # a GPU SKU: real tokens, its modelled clock
     simulate_time_scale: float = 1.0
     simulate_extra_context: int = 0
+    simulate_context_scale: float = 1.0
     trace: TraceSettings | None = None  # replayed under each policy instead of load levels
 
     def requests_at(self, load: float) -> int:
@@ -173,6 +174,8 @@ def check(settings: BenchSettings) -> None:
         raise BenchError(f"--temperature must be in [0, 100], got {s.temperature:g}")
     if not s.simulate_time_scale > 0:
         raise BenchError(f"--simulate-time-scale must be > 0, got {s.simulate_time_scale:g}")
+    if not s.simulate_context_scale > 0:
+        raise BenchError(f"--simulate-context-scale must be > 0, got {s.simulate_context_scale:g}")
 
 
 @dataclass
@@ -281,6 +284,7 @@ def _engine(s: BenchSettings, make: Callable[[EngineConfig], LLMEngine] | None) 
             simulate_device=s.simulate_device,
             simulate_time_scale=s.simulate_time_scale,
             simulate_extra_context=s.simulate_extra_context,
+            simulate_context_scale=s.simulate_context_scale,
         )
     )
 

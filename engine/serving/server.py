@@ -181,6 +181,7 @@ class Server:
             simulate_device=s.simulate_device,
             simulate_time_scale=s.simulate_time_scale,
             simulate_extra_context=s.simulate_extra_context,
+            simulate_context_scale=s.simulate_context_scale,
         )
 
     async def start_or_fail(self) -> None:

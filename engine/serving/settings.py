@@ -79,6 +79,9 @@ class ServeSettings(BaseModel):
     simulate_device: str | None = None
     simulate_time_scale: float = Field(1.0, gt=0, description="modelled seconds x this")
     simulate_extra_context: int = Field(0, ge=0, description="simulated cached tokens per sequence")
+    simulate_context_scale: float = Field(
+        1.0, gt=0, description="simulated cached tokens per real one"
+    )
 
     @field_validator("simulate_device")
     @classmethod

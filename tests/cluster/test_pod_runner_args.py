@@ -140,9 +140,13 @@ def test_a_gpu_node_runs_its_engine_on_the_simulated_sku() -> None:
     assert runner.simulated_env(None, 8.0) == {}  # a node without a GPU: the CPU's own clock
 
 
-def test_a_pod_may_set_its_own_time_scale() -> None:
-    assert runner.time_scale_of(16.0, None) == 16.0
-    assert runner.time_scale_of(16.0, {"spectune.io/simulate-time-scale": "4"}) == 4.0
+@pytest.mark.parametrize(
+    "annotation", ["spectune.io/simulate-time-scale", "spectune.io/simulate-context-scale"]
+)
+def test_a_pod_may_set_its_own_time_and_context_scale(annotation: str) -> None:
+    assert runner.scale_of(annotation, 16.0, None) == 16.0
+    assert runner.scale_of(annotation, 16.0, {annotation: "4"}) == 4.0
     for bad in ("0", "-2", "fast"):
         with pytest.raises(runner.SkipPod, match="not a positive number"):
-            runner.time_scale_of(16.0, {"spectune.io/simulate-time-scale": bad})
+            runner.scale_of(annotation, 16.0, {annotation: bad})
+    assert runner.simulated_env("NVIDIA-L4", 8.0, 4.0)["SPECTUNE_SIMULATE_CONTEXT_SCALE"] == "4"

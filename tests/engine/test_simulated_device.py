@@ -84,6 +84,21 @@ def test_an_iteration_slower_than_its_model_is_an_overrun_and_logged(tiny_pair, 
     assert caplog.text.count("raise the time scale") == 1  # rate-limited, not one per step
 
 
+def test_a_context_scale_charges_each_cached_token_that_many_times(tiny_pair) -> None:
+    """Longer prompts weigh as long contexts would: a plain step reads 8x the real cache."""
+    eng = engine(tiny_pair, "ngram", simulate_device="A100", simulate_context_scale=8)
+    eng.simulation.hold = False
+    seqs = [eng.add_request(p, GREEDY) for p in PROMPTS[:6]]
+    eng.step()  # prefill
+    eng.gate.settings = GateSettings(threshold=0)  # plain
+    contexts = [8 * (len(s) - 1) for s in seqs]
+    eng.step()
+    assert eng.iterations[-1].mode == "plain"
+    assert eng.iterations[-1].seconds == pytest.approx(
+        plain_step(SKUS["A100"], LLAMA_8B, contexts), rel=1e-9
+    )
+
+
 def test_the_device_label_names_the_sku(tiny_pair) -> None:
     assert engine(tiny_pair, "ngram", device="cpu").device_label == "cpu"
     label = engine(tiny_pair, "ngram", simulate_device="nvidia-a100-sxm4-40gb").device_label
@@ -96,3 +111,5 @@ def test_unknown_skus_and_bad_scales_are_refused() -> None:
         sku_named("B200")
     with pytest.raises(InvalidConfig, match="simulate_time_scale must be > 0"):
         EngineConfig(model="m", simulate_time_scale=0)
+    with pytest.raises(InvalidConfig, match="simulate_context_scale must be > 0"):
+        EngineConfig(model="m", simulate_context_scale=0)
