@@ -16,6 +16,13 @@ With `--exploration-cost` it measures what a calibration costs instead: the same
 measured threshold, exploration at its base (2%) and at what a calibration raises it to (50%),
 in turns.
 
+With `--context-shift` it checks issue 13's "Must show" 5 for longer contexts: the engine
+counts each real cached token `--context-scale` times on the simulated A100 (the tiny models
+hold 1024 tokens; serving contexts run to thousands), the operator calibrates under stepped load
+with 64-byte prompts, and once that measurement is verified the same clients send
+`--long-prompt-bytes` prompts; the prompt-length trigger must start a calibration, and the
+thresholds before and after are printed (the device model says: higher).
+
 With `--real-cpu` it checks issue 13's "Must show" 1 on real CPU timing instead: the engine runs
 without a simulated SKU (n-gram, k=4, greedy requests, the bench's CPU SLO), the operator
 calibrates it under stepped load, and `spectune-engine bench --url` then measures the crossover
@@ -34,7 +41,7 @@ damping itself decides what they move.
 Usage: .venv/bin/python benchmarks/autotune_goodput.py [--levels 16,64] [--fixed 48]
        [--seconds 40] [--rounds 2] [--time-scale 16] [--out .cache/autotune-goodput]
        [--hover-minutes 10 --hover-levels 28,44 --hover-level-seconds 120 --hover-max-age 60]
-       [--exploration-cost] [--real-cpu]
+       [--exploration-cost] [--real-cpu] [--context-shift --context-scale 4]
 """
 
 from __future__ import annotations
@@ -89,6 +96,7 @@ def specdeployment(
     target: Slo,
     real_cpu: bool = False,
     window_s: int | None = None,
+    context_scale: float = 1.0,
 ) -> dict[str, Any]:
     """The benchmark's SpecDeployment; calibration windows of 30 modelled seconds unless
     `window_s` (wall seconds) is given."""
@@ -121,6 +129,9 @@ def specdeployment(
             | ({} if damped else {"minDwellSeconds": 0}),
         },
     }
+    if context_scale != 1.0:
+        annotations = body["spec"]["engine"]["podAnnotations"]
+        annotations["spectune.io/simulate-context-scale"] = f"{context_scale:g}"
     if real_cpu:
         del body["spec"]["engine"]["podAnnotations"]
         body["spec"]["speculation"]["numSpeculativeTokens"] = CPU_K
@@ -156,6 +167,7 @@ class Setup:
         target: Slo,
         real_cpu: bool = False,
         window_s: int | None = None,
+        context_scale: float = 1.0,
     ) -> None:
         kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig",
                    env["SPECTUNE_KUBECONFIG"]]  # fmt: skip
@@ -179,7 +191,9 @@ class Setup:
             VERSION,
             self.namespace,
             PLURAL,
-            specdeployment(self.name, time_scale, damped, target, real_cpu, window_s),
+            specdeployment(
+                self.name, time_scale, damped, target, real_cpu, window_s, context_scale
+            ),
         )
 
     def exists(self) -> bool:
@@ -261,11 +275,16 @@ class Setup:
 
 
 async def level(
-    target: HttpTarget, clients: int, seconds: float, seed: str, temperature: float = TEMPERATURE
+    target: HttpTarget,
+    clients: int,
+    seconds: float,
+    seed: str,
+    temperature: float = TEMPERATURE,
+    prompt_bytes: int = 64,
 ) -> list[Any]:
     """One closed-loop level; the same requests (prompts, lengths) for every policy."""
     rng = random.Random(seed)
-    prompts = shipped_prompts(64, 64)
+    prompts = shipped_prompts(64, prompt_bytes)
     rng.shuffle(prompts)
     specs = request_stream(prompts, parse_lengths(OUTPUT_TOKENS), rng, temperature)
     return await run_level(target, Load("closed", clients), specs, Bounds(10**6, seconds, 120))
@@ -355,6 +374,9 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
         if args.hover_minutes:
             await hover(target, setup, args)
             return
+        if args.context_shift:
+            await context_shift(target, setup, args, status)
+            return
         setup.pin(measured)
         if args.exploration_cost:
             await exploration_cost(target, args)
@@ -415,6 +437,46 @@ async def hover(target: HttpTarget, setup: Setup, args: argparse.Namespace) -> N
           f"at {args.time_scale:g}x): events {counts}; "
           f"threshold now {status['threshold']['current']}")  # fmt: skip
     (args.out / "hover.json").write_text(json.dumps({"events": events, "counts": counts}))
+
+
+async def context_shift(
+    target: HttpTarget, setup: Setup, args: argparse.Namespace, before: dict[str, Any]
+) -> None:
+    """Prompts turn long under the same stepped load: the calibration the prompt-length
+    trigger starts, and the threshold it leaves."""
+    step_s = 2.5 * args.time_scale
+    levels = itertools.cycle(CALIBRATION_LEVELS)
+    for i, clients in enumerate(levels):  # the first measurement's verification, short prompts
+        if (await asyncio.to_thread(setup.status))["calibration"]["phase"] == "Idle":
+            break
+        await level(target, clients, step_s, f"verify/{i}")
+    seen = len(await asyncio.to_thread(setup.events))
+    started = time.monotonic()
+    print(f"prompts now {args.long_prompt_bytes} bytes (were 64)", flush=True)
+    decided: list[tuple[str, str]] = []
+    for i, clients in enumerate(levels):
+        await level(target, clients, step_s, f"long/{i}", prompt_bytes=args.long_prompt_bytes)
+        events = (await asyncio.to_thread(setup.events))[seen:]
+        reasons = [r for r, _ in events]
+        if "CalibrationStarted" in reasons:
+            decided = events[reasons.index("CalibrationStarted") :]
+            if {"ThresholdChanged", "ThresholdKept"} & {r for r, _ in decided}:
+                break
+        if time.monotonic() - started > 900:
+            sys.exit("autotune_goodput: no calibration within 900 s of the longer prompts")
+        print(f"  long prompts: {time.monotonic() - started:.0f} s, {clients} clients; "
+              f"events {reasons}", flush=True)  # fmt: skip
+    after = await asyncio.to_thread(setup.status)
+    print("\n".join(f"  {r}: {m}" for r, m in decided))
+    old, new = before["threshold"]["current"], after["threshold"]["current"]
+    print(f"\ncontext x{args.context_scale:g} on the simulated A100 (at {args.time_scale:g}x): "
+          f"64-byte prompts -> threshold {old} ({before['perSku'][0]['reason']}); "
+          f"{args.long_prompt_bytes}-byte prompts -> {new} ({after['perSku'][0]['reason']}), "
+          f"{time.monotonic() - started:.0f} s after the prompts turned long")  # fmt: skip
+    (args.out / "context.json").write_text(json.dumps({
+        "before": before, "after": after, "events": decided,
+        "seconds": time.monotonic() - started,
+    }, indent=2))  # fmt: skip
 
 
 async def exploration_cost(target: HttpTarget, args: argparse.Namespace) -> None:
@@ -511,6 +573,13 @@ def main() -> None:
     parser.add_argument(
         "--real-cpu", action="store_true", help="the operator against bench --url, CPU timing"
     )
+    parser.add_argument(
+        "--context-shift", action="store_true", help="longer prompts: the threshold's move"
+    )
+    parser.add_argument(
+        "--context-scale", type=float, default=4.0, help="modelled cached tokens per real one"
+    )
+    parser.add_argument("--long-prompt-bytes", type=int, default=512)
     args = parser.parse_args()
     if args.hover_max_age is not None and args.hover_max_age < 60:
         parser.error("--hover-max-age: tuning.maxAgeSeconds is at least 60")
@@ -522,6 +591,8 @@ def main() -> None:
         bool(args.hover_minutes),
         CPU_SLO if args.real_cpu else slo(args.time_scale),
         args.real_cpu,
+        30 if args.context_shift else None,  # wall seconds: the trigger judges three windows
+        args.context_scale if args.context_shift else 1.0,
     )
     try:
         asyncio.run(main_async(args, setup))
