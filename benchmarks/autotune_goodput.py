@@ -591,7 +591,7 @@ def main() -> None:
         bool(args.hover_minutes),
         CPU_SLO if args.real_cpu else slo(args.time_scale),
         args.real_cpu,
-        30 if args.context_shift else None,  # wall seconds: the trigger judges three windows
+        60 if args.context_shift else None,  # wall seconds: long enough for a crossing
         args.context_scale if args.context_shift else 1.0,
     )
     try:
