@@ -21,7 +21,10 @@ counts each real cached token `--context-scale` times on the simulated A100 (the
 hold 1024 tokens; serving contexts run to thousands), the operator calibrates under stepped load
 with 64-byte prompts, and once that measurement is verified the same clients send
 `--long-prompt-bytes` prompts; the prompt-length trigger must start a calibration, and the
-thresholds before and after are printed (the device model says: higher).
+thresholds before and after are printed (the device model says: higher, where acceptance
+holds). Longer text also changes what n-gram lookup finds and accepts; `--pad-prompts` makes
+the long prompts the short ones padded in front with a byte no text holds, so that only the
+context grows.
 
 With `--real-cpu` it checks issue 13's "Must show" 1 on real CPU timing instead: the engine runs
 without a simulated SKU (n-gram, k=4, greedy requests, the bench's CPU SLO), the operator
@@ -69,7 +72,12 @@ from spectune.engine import contract
 from spectune.engine.bench.loadgen import Bounds, Load, run_level, summarize
 from spectune.engine.bench.schema import LevelResult, Slo
 from spectune.engine.bench.targets import HttpTarget
-from spectune.engine.bench.workload import parse_lengths, request_stream, shipped_prompts
+from spectune.engine.bench.workload import (
+    Prompt,
+    parse_lengths,
+    request_stream,
+    shipped_prompts,
+)
 from spectune.engine.crossover import Crossover, bucket_distance
 from spectune.operator import render
 from spectune.operator.autotune import CALIBRATION_EXPLORATION_PERCENT
@@ -78,6 +86,7 @@ from spectune.operator.models import TuningSpec
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION_LEVELS = (16, 28, 44, 64)
 TEMPERATURE, OUTPUT_TOKENS, PORT = 1.0, "48", 8000
+PAD = "\x01"  # a byte no prompt or answer holds
 # Real CPU timing: the tiny pair's n-gram k=4 crossover, greedy, lies near batch 24-27 on this
 # machine (PERFORMANCE.md, "The central claim"); the bench's CPU SLO.
 CPU_LEVELS, CPU_K, CPU_SLO = (4, 8, 16, 32, 64), 4, Slo(ttft_ms=1000, tpot_ms=100)
@@ -281,10 +290,13 @@ async def level(
     seed: str,
     temperature: float = TEMPERATURE,
     prompt_bytes: int = 64,
+    pad_bytes: int = 0,
 ) -> list[Any]:
-    """One closed-loop level; the same requests (prompts, lengths) for every policy."""
+    """One closed-loop level; the same requests (prompts, lengths) for every policy. Padding
+    goes in front of each prompt, in a byte no text holds: n-gram lookup never matches it, so
+    only the context grows, not what drafting finds."""
     rng = random.Random(seed)
-    prompts = shipped_prompts(64, prompt_bytes)
+    prompts = [Prompt(PAD * pad_bytes + p.text) for p in shipped_prompts(64, prompt_bytes)]
     rng.shuffle(prompts)
     specs = request_stream(prompts, parse_lengths(OUTPUT_TOKENS), rng, temperature)
     return await run_level(target, Load("closed", clients), specs, Bounds(10**6, seconds, 120))
@@ -296,11 +308,12 @@ async def calibrate(
     step_s: float,
     levels: tuple[int, ...] = CALIBRATION_LEVELS,
     temperature: float = TEMPERATURE,
+    prompt_bytes: int = 64,
 ) -> dict[str, Any]:
     """Stepped load until the operator reports Calibrated; its status then."""
     started = time.monotonic()
     for i, clients in enumerate(itertools.cycle(levels)):
-        await level(target, clients, step_s, f"calibration/{i}", temperature)
+        await level(target, clients, step_s, f"calibration/{i}", temperature, prompt_bytes)
         done = await asyncio.to_thread(setup.condition, "Calibrated")
         if done.get("status") == "True":
             return await asyncio.to_thread(setup.status)
@@ -366,7 +379,9 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
             setup.pin(status["threshold"]["current"])
             await asyncio.to_thread(agreement, url, setup, status, args)
             return
-        status = await calibrate(target, setup, 2.5 * args.time_scale)
+        status = await calibrate(
+            target, setup, 2.5 * args.time_scale, prompt_bytes=args.short_prompt_bytes
+        )
         (a100,) = status["perSku"]
         measured = status["threshold"]["current"]
         print(f"calibrated after {time.monotonic() - began:.0f} s: threshold {measured} "
@@ -445,17 +460,24 @@ async def context_shift(
     """Prompts turn long under the same stepped load: the calibration the prompt-length
     trigger starts, and the threshold it leaves."""
     step_s = 2.5 * args.time_scale
+    short, long = args.short_prompt_bytes, args.long_prompt_bytes
+    longer = (
+        {"prompt_bytes": short, "pad_bytes": long - short}
+        if args.pad_prompts
+        else {"prompt_bytes": long}
+    )
     levels = itertools.cycle(CALIBRATION_LEVELS)
     for i, clients in enumerate(levels):  # the first measurement's verification, short prompts
         if (await asyncio.to_thread(setup.status))["calibration"]["phase"] == "Idle":
             break
-        await level(target, clients, step_s, f"verify/{i}")
+        await level(target, clients, step_s, f"verify/{i}", prompt_bytes=short)
     seen = len(await asyncio.to_thread(setup.events))
     started = time.monotonic()
-    print(f"prompts now {args.long_prompt_bytes} bytes (were 64)", flush=True)
+    padded = f" ({long - short} of them padding)" if args.pad_prompts else ""
+    print(f"prompts now {long} bytes{padded}, were {short}", flush=True)
     decided: list[tuple[str, str]] = []
     for i, clients in enumerate(levels):
-        await level(target, clients, step_s, f"long/{i}", prompt_bytes=args.long_prompt_bytes)
+        await level(target, clients, step_s, f"long/{i}", **longer)
         events = (await asyncio.to_thread(setup.events))[seen:]
         reasons = [r for r, _ in events]
         if "CalibrationStarted" in reasons:
@@ -470,8 +492,8 @@ async def context_shift(
     print("\n".join(f"  {r}: {m}" for r, m in decided))
     old, new = before["threshold"]["current"], after["threshold"]["current"]
     print(f"\ncontext x{args.context_scale:g} on the simulated A100 (at {args.time_scale:g}x): "
-          f"64-byte prompts -> threshold {old} ({before['perSku'][0]['reason']}); "
-          f"{args.long_prompt_bytes}-byte prompts -> {new} ({after['perSku'][0]['reason']}), "
+          f"{short}-byte prompts -> threshold {old} ({before['perSku'][0]['reason']}); "
+          f"{long}-byte prompts{padded} -> {new} ({after['perSku'][0]['reason']}), "
           f"{time.monotonic() - started:.0f} s after the prompts turned long")  # fmt: skip
     (args.out / "context.json").write_text(json.dumps({
         "before": before, "after": after, "events": decided,
@@ -579,8 +601,14 @@ def main() -> None:
     parser.add_argument(
         "--context-scale", type=float, default=4.0, help="modelled cached tokens per real one"
     )
+    parser.add_argument("--short-prompt-bytes", type=int, default=64)
     parser.add_argument("--long-prompt-bytes", type=int, default=512)
+    parser.add_argument(
+        "--pad-prompts", action="store_true", help="long prompts: the short ones, padded in front"
+    )
     args = parser.parse_args()
+    if args.context_shift and args.long_prompt_bytes <= args.short_prompt_bytes:
+        parser.error("--long-prompt-bytes must be more than --short-prompt-bytes")
     if args.hover_max_age is not None and args.hover_max_age < 60:
         parser.error("--hover-max-age: tuning.maxAgeSeconds is at least 60")
     args.out.mkdir(parents=True, exist_ok=True)
