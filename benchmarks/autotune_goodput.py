@@ -23,8 +23,9 @@ with 64-byte prompts, and once that measurement is verified the same clients sen
 `--long-prompt-bytes` prompts; the prompt-length trigger must start a calibration, and the
 thresholds before and after are printed (the device model says: higher, where acceptance
 holds). Longer text also changes what n-gram lookup finds and accepts; `--pad-prompts` makes
-the long prompts the short ones padded in front with a byte no text holds, so that only the
-context grows.
+the long prompts the short ones padded in front with a byte no text holds, so that n-gram lookup
+finds the same matches (the built-in target, trained on 128-token sequences, still samples
+differently past them: acceptance fell with padding too, docs/PERFORMANCE.md).
 
 With `--real-cpu` it checks issue 13's "Must show" 1 on real CPU timing instead: the engine runs
 without a simulated SKU (n-gram, k=4, greedy requests, the bench's CPU SLO), the operator
@@ -294,7 +295,7 @@ async def level(
 ) -> list[Any]:
     """One closed-loop level; the same requests (prompts, lengths) for every policy. Padding
     goes in front of each prompt, in a byte no text holds: n-gram lookup never matches it, so
-    only the context grows, not what drafting finds."""
+    the context grows but not what drafting finds."""
     rng = random.Random(seed)
     prompts = [Prompt(PAD * pad_bytes + p.text) for p in shipped_prompts(64, prompt_bytes)]
     rng.shuffle(prompts)
