@@ -45,7 +45,7 @@ class SimulatedDevice:
     extra_context: int = 0
     # Modelled cached tokens per real one: unlike the extra context, it keeps the traffic's
     # prompt lengths in proportion, so that longer prompts move the crossover as far as
-    # thousands-of-tokens contexts would (the built-in models hold 256).
+    # thousands-of-tokens contexts would.
     context_scale: float = 1.0
     modelled: float = 0.0  # scaled modelled seconds so far: the engine's clock
     overruns: int = 0  # iterations whose real time exceeded their modelled time
