@@ -87,6 +87,9 @@ def children(
 
 
 def _apply_child(body: kopf.Body, child: dict) -> dict:
+    """Server-side apply, with an Event when it changed something: drift repaired, or the
+    desired state itself moved (exploration raised for a calibration, a threshold, a spec edit),
+    so the Event does not claim which."""
     kopf.adopt(child, owner=body)
     before = kube.resource_version(child)
     live = kube.apply(child)
@@ -94,7 +97,7 @@ def _apply_child(body: kopf.Body, child: dict) -> dict:
     if before is None:
         kopf.info(body, reason="Created", message=f"created {what}")
     elif live["metadata"]["resourceVersion"] != before:
-        kopf.info(body, reason="Updated", message=f"brought {what} back to the desired state")
+        kopf.info(body, reason="Updated", message=f"updated {what} to the desired state")
     return live
 
 
