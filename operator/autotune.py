@@ -311,6 +311,7 @@ def _decide(
                 reason=est.reason,
                 confidencePercent=round(est.confidence * 100),
                 pods=pods.get(sku, 0),
+                curve=est.compact_curve(),
             )
         )
         verb = "ThresholdChanged" if move else "ThresholdKept"
@@ -333,6 +334,7 @@ def _decide(
         reason=main_estimate.reason,
         sku=main.sku,
         replicas=obs.replicas,
+        curve=main_estimate.compact_curve(),
     )
     baseline = Baseline(
         replicas=obs.replicas,

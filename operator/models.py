@@ -172,6 +172,10 @@ class CrossoverStatus(BaseModel):
     reason: str | None = None
     sku: str | None = None
     replicas: int | None = None
+    curve: dict[str, float] = Field(
+        default_factory=dict,
+        description="batch bucket -> measured speedup (spec over plain decode throughput)",
+    )
 
 
 class SkuThreshold(BaseModel):
@@ -183,6 +187,10 @@ class SkuThreshold(BaseModel):
     reason: str = ""
     confidencePercent: int = 0
     pods: int = 0
+    curve: dict[str, float] = Field(
+        default_factory=dict,
+        description="batch bucket -> measured speedup (spec over plain decode throughput)",
+    )
 
 
 class BucketSums(BaseModel):

@@ -127,6 +127,9 @@ def test_a_fresh_auto_deployment_calibrates_and_moves_to_the_crossover() -> None
     state = decided.state
     assert state.threshold == ThresholdStatus(current=12, recommended=12, source="Measured")
     assert state.crossover.batchSize == 12 and state.crossover.sku == H100
+    # the measured curve, per SKU and for the main one: bucket -> speedup, (12 / b) ** 0.3 here
+    expected = {str(b): round((12 / b) ** 0.3, 3) for b in BUCKETS}
+    assert state.crossover.curve == expected and state.per_sku[0].curve == expected
     assert state.calibration.phase == "Verifying"
     assert engine_settings(s, state, H100) == (12, 2)  # exploration back at its base
     assert engine_settings(s, state, None) == (12, 2)  # the ConfigMap
