@@ -208,6 +208,7 @@ def test_auto_measures_the_crossover_and_follows_a_replica_change(
         else:
             assert threshold["current"] == START
         assert h100["threshold"] == threshold["current"] and h100["reason"]
+        assert h100["curve"] and status["crossover"]["curve"] == h100["curve"]
         assert status["crossover"]["sku"] == h100["sku"]
         reasons = [e.reason for e in events(admin, namespace, name)]
         assert "CalibrationStarted" in reasons
