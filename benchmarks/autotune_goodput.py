@@ -430,17 +430,22 @@ def read_overruns(url: str) -> float:
 
 
 async def hover(target: HttpTarget, setup: Setup, args: argparse.Namespace) -> None:
-    """Load alternating either side of the crossover under Auto; the Events it caused."""
+    """Load alternating either side of the crossover under Auto; the Events it caused, and
+    each measurement's curve (how far a bucket's speedup moves between windows)."""
     before = len(await asyncio.to_thread(setup.events))
     if args.hover_max_age:
         await asyncio.to_thread(setup.tune, {"maxAgeSeconds": args.hover_max_age})
     started = time.monotonic()
     step_s = args.hover_level_seconds or 2.5 * args.time_scale
+    curves: dict[str, dict[str, float]] = {}  # measuredAt -> bucket -> speedup
     for i, clients in enumerate(itertools.cycle(args.hover_levels)):
         if time.monotonic() - started >= 60 * args.hover_minutes:
             break
         await level(target, clients, step_s, f"hover/{i}")
         seen = (await asyncio.to_thread(setup.events))[before:]
+        crossover = (await asyncio.to_thread(setup.status)).get("crossover", {})
+        if crossover.get("curve"):
+            curves[crossover["measuredAt"]] = crossover["curve"]
         print(f"  hovering: {time.monotonic() - started:.0f} s, {clients} clients; "
               f"{len(seen)} events so far", flush=True)  # fmt: skip
     events = (await asyncio.to_thread(setup.events))[before:]
@@ -452,7 +457,21 @@ async def hover(target: HttpTarget, setup: Setup, args: argparse.Namespace) -> N
           f"({step_s:g} s each; maximum age {args.hover_max_age or 'default'}; simulated A100 "
           f"at {args.time_scale:g}x): events {counts}; "
           f"threshold now {status['threshold']['current']}")  # fmt: skip
-    (args.out / "hover.json").write_text(json.dumps({"events": events, "counts": counts}))
+    print(spread(list(curves.values())))
+    (args.out / "hover.json").write_text(
+        json.dumps({"events": events, "counts": counts, "curves": curves})
+    )
+
+
+def spread(curves: list[dict[str, float]]) -> str:
+    """Per bucket over the measurements: how many, the mean speedup, and its spread."""
+    lines = [f"speedup per bucket over {len(curves)} measurements (mean, sd, min-max):"]
+    for bucket in sorted({b for c in curves for b in c}, key=int):
+        values = [c[bucket] for c in curves if bucket in c]
+        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+        lines.append(f"  {bucket:>3}: n={len(values)} {statistics.fmean(values):.3f} "
+                     f"sd {sd:.3f} {min(values):.3f}-{max(values):.3f}")  # fmt: skip
+    return "\n".join(lines)
 
 
 async def context_shift(
