@@ -230,8 +230,9 @@ def reconcile(
             "selector": render.selector_string(name),
             "threshold": state.threshold.model_dump(),
             # None deletes a field in a merge patch: a crossover no longer crossed loses its
-            # batch size (nulls inside lists would not validate, so theirs are left out)
-            "crossover": state.crossover.model_dump(),
+            # batch size, and its curve the buckets this measurement did not reach (nulls
+            # inside lists would not validate, so theirs are left out)
+            "crossover": merge_patch(status.get("crossover"), state.crossover.model_dump()),
             "perSku": [s.model_dump(exclude_none=True) for s in state.per_sku],
             "calibration": merge_patch(
                 status.get("calibration"), state.calibration.model_dump(exclude_none=True)

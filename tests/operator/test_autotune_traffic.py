@@ -190,6 +190,8 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
     assert reasons_after["ThresholdChanged"] == reasons["ThresholdChanged"], reasons_after
     assert reasons_after["ThresholdKept"] > reasons["ThresholdKept"], reasons_after
     assert still["threshold"] == sampled, still
+    # status.crossover shows this measurement's curve, not the buckets of every earlier one
+    assert rechecked["crossover"]["curve"] == rechecked["perSku"][0]["curve"], rechecked
 
 
 def raise_then_turn_the_traffic(
