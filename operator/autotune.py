@@ -364,15 +364,13 @@ def _decide(
             "previous": list(state.per_sku)
             or [SkuThreshold(sku=s, threshold=state.threshold.current) for s in estimates],
         }
-    else:
-        update |= {"phase": "Idle", "finishedAt": _iso(now), "retryAfter": None}
     new = State(
         threshold=threshold,
         crossover=crossover,
         per_sku=tuple(per_sku),
         calibration=cal.model_copy(update=update),
     )
-    return Step(new, tuple(events))
+    return Step(new, tuple(events)) if changed else _finish(new, now, *events)
 
 
 def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: FleetWindow) -> Step:

@@ -166,16 +166,16 @@ class ThresholdStatus(BaseModel):
     source: Literal["Spec", "Measured", "Default"] = "Default"
 
 
+CURVE = "batch bucket -> measured speedup (spec over plain decode throughput)"
+
+
 class CrossoverStatus(BaseModel):
     batchSize: int | None = None
     measuredAt: str | None = None
     reason: str | None = None
     sku: str | None = None
     replicas: int | None = None
-    curve: dict[str, float] = Field(
-        default_factory=dict,
-        description="batch bucket -> measured speedup (spec over plain decode throughput)",
-    )
+    curve: dict[str, float] = Field(default_factory=dict, description=CURVE)
 
 
 class SkuThreshold(BaseModel):
@@ -187,10 +187,7 @@ class SkuThreshold(BaseModel):
     reason: str = ""
     confidencePercent: int = 0
     pods: int = 0
-    curve: dict[str, float] = Field(
-        default_factory=dict,
-        description="batch bucket -> measured speedup (spec over plain decode throughput)",
-    )
+    curve: dict[str, float] = Field(default_factory=dict, description=CURVE)
 
 
 class BucketSums(BaseModel):

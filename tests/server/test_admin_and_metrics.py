@@ -130,9 +130,6 @@ def test_admin_put_changes_only_the_fields_given(server: Served) -> None:
     assert restored.json()["k"] == 4 and restored.json()["threshold"] is None
 
 
-OUTCOMES = ("error", "ok", "invalid")
-
-
 def prompt_tokens(server: Served) -> float:
     return total(parse(server.get("/metrics").text), contract.PROMPT_TOKENS)
 
@@ -152,7 +149,9 @@ def test_prompt_tokens_count_what_the_answered_requests_were_given(server: Serve
 def test_an_abandoned_request_counts_as_error_and_stops(server: Served, stream: bool) -> None:
     def outcomes() -> tuple[float, ...]:
         samples = parse(server.get("/metrics").text)
-        by_outcome = [total(samples, contract.REQUESTS, outcome=o) for o in OUTCOMES]
+        by_outcome = [
+            total(samples, contract.REQUESTS, outcome=o) for o in ("error", "ok", "invalid")
+        ]
         return (*by_outcome, total(samples, contract.PROMPT_TOKENS))
 
     errors, oks, invalid, prompts = outcomes()
