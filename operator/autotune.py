@@ -53,6 +53,10 @@ from spectune.operator.triggers import (
 CALIBRATION_EXPLORATION_PERCENT = 50
 # The shortest window worth reading: a few scrape intervals, or increase() has too few points.
 MIN_WINDOW_SECONDS = 10
+# A curve that does not cross is kept once the batch range traffic reaches has stopped growing
+# for this share of the calibration window (30 s of the default 120): the load has shown its
+# range, and traffic that later runs past it is the past-bound trigger's to re-measure.
+RANGE_SETTLED_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,8 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
             "startedAt": _iso(obs.now),
             "before": _traffic_dict(obs.window.traffic),
             "beforeSteps": _sums_dict(obs.window.steps),
+            "reached": {},
+            "reachedAt": None,
         }
     )
     return Step(
@@ -237,14 +243,24 @@ def _give_up(spec: SpecDeploymentSpec, state: State, now: datetime, *events: Eve
     return _finish(state, now, *events, retry_after=_iso(retry))
 
 
-def decided(window: FleetWindow, estimates: Mapping[str, Estimate]) -> bool:
+def reached(window: FleetWindow) -> dict[str, list[int]]:
+    """SKU -> [smallest, largest] batch bucket with decode steps in the window."""
+    out = {}
+    for sku, buckets in served(window.steps).items():
+        seen = [b for b, s in buckets.items() if s.steps > 0]
+        if seen:
+            out[sku] = [min(seen), max(seen)]
+    return out
+
+
+def decided(window: FleetWindow, estimates: Mapping[str, Estimate], settled: bool) -> bool:
     """Every bucket traffic reaches has its samples in both modes, on every SKU, and each
-    SKU's curve crosses: a bound ("pays up to 40") may only mean the load has not yet come
-    round to larger batches, so that waits for the window's end."""
+    SKU's curve crosses, or the range of batches reached has `settled`: a bound ("pays up
+    to 40") read before that may only mean the load has not yet come round to larger batches."""
     return (
         bool(window.steps)
         and not any(undersampled(s) for s in window.steps.values())
-        and all(e.crossover.status == "crosses" for e in estimates.values())
+        and (settled or all(e.crossover.status == "crosses" for e in estimates.values()))
     )
 
 
@@ -252,9 +268,15 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     cal = state.calibration
     assert cal.startedAt is not None
     elapsed = (obs.now - _time(cal.startedAt)).total_seconds()
+    if (reach := reached(window)) != cal.reached:
+        cal = cal.model_copy(update={"reached": reach, "reachedAt": _iso(obs.now)})
+        state = dataclasses.replace(state, calibration=cal)
+    window_s = spec.tuning.calibrationWindowSeconds
+    steady = (obs.now - _time(cal.reachedAt)).total_seconds() if cal.reachedAt else 0.0
+    settled = steady >= max(MIN_WINDOW_SECONDS, RANGE_SETTLED_SHARE * window_s)
     estimates = estimate_by_sku(window.steps)
     if elapsed < MIN_WINDOW_SECONDS or (
-        not decided(window, estimates) and elapsed < spec.tuning.calibrationWindowSeconds
+        not decided(window, estimates, settled) and elapsed < window_s
     ):
         return Step(state)
     estimates = {k: e for k, e in estimates.items() if e.known}

@@ -245,6 +245,11 @@ class CalibrationStatus(BaseModel):
         default_factory=dict,
         description="SKU -> batch bucket -> decode steps before the last change (goodput check)",
     )
+    reached: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="SKU -> [smallest, largest] batch bucket this calibration's traffic reached",
+    )
+    reachedAt: str | None = Field(None, description="when that range last grew")
     baseline: Baseline | None = None
 
 

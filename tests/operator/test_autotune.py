@@ -119,8 +119,9 @@ def test_a_fresh_auto_deployment_calibrates_and_moves_to_the_crossover() -> None
     assert engine_settings(s, state, H100) == (4, CALIBRATION_EXPLORATION_PERCENT)
     assert autotune.calibrated(s, state)[:2] == (False, "Calibrating")
     # still undersampled and the window has not ended: keep exploring
-    thin = {H100: curve(12, steps=5)}
-    assert step(s, state, observe(20, window(thin))).state == state
+    thin = step(s, state, observe(20, window({H100: curve(12, steps=5)})))
+    assert thin.events == () and thin.state.calibration.phase == "Exploring"
+    assert thin.state.calibration.reached == {H100: [1, 48]}
     decided = step(s, state, observe(30, window({H100: curve(12)})))
     assert reasons(decided) == ["ThresholdChanged"]
     assert "4 -> 12" in decided.events[0].message
@@ -144,7 +145,8 @@ def test_the_window_ends_the_collection_even_when_buckets_lack_samples() -> None
     s = spec()
     state = step(s, fresh(s), observe(0, window())).state
     thin = curve(12) | {("spec", 64): ModeStats(3, 384, 0.01), ("plain", 64): ModeStats(1, 64, 0)}
-    assert step(s, state, observe(WINDOW - 1, window({H100: thin}))).state == state
+    waiting = step(s, state, observe(WINDOW - 1, window({H100: thin})))
+    assert waiting.events == () and waiting.state.calibration.phase == "Exploring"
     done = step(s, state, observe(WINDOW, window({H100: thin})))
     assert done.state.threshold.current == 12
 
@@ -292,21 +294,49 @@ def test_a_bad_estimate_is_rolled_back_on_decode_throughput() -> None:
     assert rolled.state.threshold.current == 4
 
 
-def test_a_bound_waits_for_the_window_a_crossing_does_not() -> None:
+def test_a_bound_waits_for_the_batch_range_to_settle_a_crossing_does_not() -> None:
     """Every bucket sampled, speculation paying up to batch 16: the load may not have come
-    round to larger batches yet, so exploring goes on to the window's end; a curve that
-    crosses is decided as soon as its buckets are sampled."""
+    round to larger batches yet, so exploring goes on until the range of batches reached has
+    not grown for a quarter of the window (15 s of 60); a curve that crosses is decided as soon
+    as its buckets are sampled."""
     s = spec()
     exploring = step(s, fresh(s), observe(0, window())).state
     small = (1, 2, 4, 8, 16)
     bound = window({H100: curve(100, buckets=small)})
-    assert step(s, exploring, observe(20, bound)).state.calibration.phase == "Exploring"
-    ended = step(s, exploring, observe(WINDOW, bound))
+    seen = step(s, exploring, observe(10, bound))
+    assert (
+        seen.events == ()
+        and seen.state.calibration.reachedAt == (T0 + timedelta(seconds=10)).isoformat()
+    )
+    assert step(s, seen.state, observe(24, bound)).state.calibration.phase == "Exploring"
+    ended = step(s, seen.state, observe(25, bound))
     assert "ThresholdChanged" in reasons(ended)
     assert ended.state.threshold.current == 24  # through bucket 16 and no further
+    # the load reaches batch 32 at 20 s: the range grew, and its 15 s start again
+    grown = window({H100: curve(100, buckets=(*small, 32))})
+    later = step(s, seen.state, observe(20, grown))
+    assert later.state.calibration.reached == {H100: [1, 32]}
+    assert step(s, later.state, observe(34, grown)).state.calibration.phase == "Exploring"
+    assert step(s, later.state, observe(35, grown)).state.threshold.current == 48
+    # the whole window passes with the range still growing: decided at its end all the same
+    assert step(s, exploring, observe(WINDOW, bound)).state.threshold.current == 24
     crossing = step(s, exploring, observe(20, window({H100: curve(12, buckets=small)})))
     assert crossing.state.calibration.phase == "Verifying", crossing.events
     assert crossing.state.crossover.batchSize == 13  # 12.9, interpolated between 8 and 16
+
+
+def test_a_new_calibration_measures_its_batch_range_afresh() -> None:
+    """The range a calibration reached is its own: the next one starts without it, so that a
+    range an earlier load reached never counts as settled."""
+    s = spec()
+    small = (1, 2, 4, 8, 16)
+    state = calibrate(s, fresh(s), 0, {H100: curve(100, buckets=small)})
+    assert state.calibration.reached == {H100: [1, 16]}
+    state = step(s, state, observe(2 * WINDOW, window({H100: curve(100, buckets=small)}))).state
+    most = window({H100: curve(100, buckets=(1, 2)) | curve(100, buckets=(24, 32, 48))})
+    started = step(s, state, observe(4 * WINDOW, most)).state
+    assert started.calibration.phase == "Exploring"
+    assert started.calibration.reached == {} and started.calibration.reachedAt is None
 
 
 def test_traffic_past_a_bound_re_measures_the_batches_it_reaches() -> None:
