@@ -25,6 +25,11 @@ from spectune.engine.crossover import (
 # Steps per mode in a bucket for a bucket's throughput to count as measured; the explored
 # mode gets only a few percent of the iterations, so this is what calibration waits for.
 MIN_STEPS = 20
+# A bucket holding less than this share of a SKU's decode steps does not hold a calibration up:
+# it moves goodput by little whichever mode it runs, and sampling it in both modes can take
+# several windows (a quiet load of 3 clients: batch 1 in under 1% of the steps, 10 per mode in
+# 120 s, kept the demo's first calibration to its window's end).
+RARE_SHARE = 0.05
 # A measured speedup at least this far from 1 is no noise: a threshold move that flips such a
 # bucket's mode is made even within the dead band.
 CLEAR_SPEEDUP = 0.1
@@ -93,15 +98,22 @@ class Estimate:
 
 
 def undersampled(
-    stats: Mapping[tuple[str, int], ModeStats], min_steps: int = MIN_STEPS
+    stats: Mapping[tuple[str, int], ModeStats],
+    min_steps: int = MIN_STEPS,
+    rare_share: float = RARE_SHARE,
 ) -> list[int]:
-    """Buckets that traffic reaches (decode steps in either mode) but that lack `min_steps`
-    in one of the modes: what a calibration still waits for."""
-    reached = {bucket for (_, bucket), s in stats.items() if s.steps > 0}
+    """Buckets that traffic reaches (at least `rare_share` of the decode steps, both modes
+    counted) but that lack `min_steps` in one of the modes: what a calibration still waits for."""
+    steps: dict[int, float] = {}
+    for (_, bucket), s in stats.items():
+        steps[bucket] = steps.get(bucket, 0.0) + s.steps
+    total = sum(steps.values())
     return [
         b
-        for b in sorted(reached)
-        if min(stats.get((m, b), ModeStats()).steps for m in ("spec", "plain")) < min_steps
+        for b in sorted(steps)
+        if steps[b] > 0
+        and steps[b] >= rare_share * total
+        and min(stats.get((m, b), ModeStats()).steps for m in ("spec", "plain")) < min_steps
     ]
 
 

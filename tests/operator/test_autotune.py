@@ -144,7 +144,8 @@ def test_a_fresh_auto_deployment_calibrates_and_moves_to_the_crossover() -> None
 def test_the_window_ends_the_collection_even_when_buckets_lack_samples() -> None:
     s = spec()
     state = step(s, fresh(s), observe(0, window())).state
-    thin = curve(12) | {("spec", 64): ModeStats(3, 384, 0.01), ("plain", 64): ModeStats(1, 64, 0)}
+    # batch 64 in 12% of the steps, nearly all of them speculating: never 20 plain ones
+    thin = curve(12) | {("spec", 64): ModeStats(300, 38400, 1), ("plain", 64): ModeStats(5, 320, 0)}
     waiting = step(s, state, observe(WINDOW - 1, window({H100: thin})))
     assert waiting.events == () and waiting.state.calibration.phase == "Exploring"
     done = step(s, state, observe(WINDOW, window({H100: thin})))
@@ -323,6 +324,19 @@ def test_a_bound_waits_for_the_batch_range_to_settle_a_crossing_does_not() -> No
     crossing = step(s, exploring, observe(20, window({H100: curve(12, buckets=small)})))
     assert crossing.state.calibration.phase == "Verifying", crossing.events
     assert crossing.state.crossover.batchSize == 13  # 12.9, interpolated between 8 and 16
+
+
+def test_a_bucket_traffic_rarely_reaches_does_not_hold_a_bound_up() -> None:
+    """A quiet load: batch 1 in 1% of the steps, never 20 of them in a mode. Once the range
+    has settled the bound is kept, measured through the buckets that hold the load."""
+    s = spec(value=8)
+    exploring = step(s, fresh(s), observe(0, window())).state
+    quiet = curve(100, buckets=(2, 3)) | {("plain", 1): ModeStats(2, 2, 0.02)}
+    seen = step(s, exploring, observe(10, window({H100: quiet}))).state
+    assert seen.calibration.reached == {H100: [1, 3]}
+    ended = step(s, seen, observe(25, window({H100: quiet})))
+    assert ended.state.calibration.phase == "Verifying", ended.events
+    assert ended.state.threshold.current == 4  # through bucket 3 and no further
 
 
 def test_a_new_calibration_measures_its_batch_range_afresh() -> None:

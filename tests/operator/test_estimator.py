@@ -169,6 +169,10 @@ def test_undersampled_lists_buckets_traffic_reaches_without_enough_steps_in_a_mo
     }
     assert undersampled(stats) == [8, 16]
     assert undersampled(stats, min_steps=3) == [16]
+    # a bucket with 1% of the steps waits for nothing, unless every bucket counts
+    rare = stats | {("plain", 1): ModeStats(3, 3, 0.01)}
+    assert undersampled(rare) == [8, 16]
+    assert undersampled(rare, rare_share=0) == [1, 8, 16]
 
 
 def test_compact_curve_is_bucket_to_rounded_speedup() -> None:
