@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from spectune.engine.crossover import ModeStats, StatsByBucket
-from spectune.operator.estimator import Estimate, estimate_by_sku, undersampled
+from spectune.operator.estimator import (
+    Estimate,
+    common_buckets,
+    estimate_by_sku,
+    undersampled,
+)
 from spectune.operator.models import (
     Baseline,
     BucketSums,
@@ -243,13 +248,15 @@ def _give_up(spec: SpecDeploymentSpec, state: State, now: datetime, *events: Eve
     return _finish(state, now, *events, retry_after=_iso(retry))
 
 
-def reached(window: FleetWindow) -> dict[str, list[int]]:
-    """SKU -> [smallest, largest] batch bucket with decode steps in the window."""
-    out = {}
-    for sku, buckets in served(window.steps).items():
-        seen = [b for b, s in buckets.items() if s.steps > 0]
-        if seen:
-            out[sku] = [min(seen), max(seen)]
+def reached(window: FleetWindow, before: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    """SKU -> [smallest, largest] batch bucket traffic reaches (`common_buckets`), widened by
+    the range `before`: within a calibration the range only grows, and a rare bucket, which
+    holds nothing up, does not count as growth."""
+    out = {sku: list(r) for sku, r in before.items()}
+    for sku, stats in window.steps.items():
+        if seen := common_buckets(stats):
+            low, high = out.get(sku, (seen[0], seen[-1]))
+            out[sku] = [min(low, seen[0]), max(high, seen[-1])]
     return out
 
 
@@ -268,7 +275,7 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     cal = state.calibration
     assert cal.startedAt is not None
     elapsed = (obs.now - _time(cal.startedAt)).total_seconds()
-    if (reach := reached(window)) != cal.reached:
+    if (reach := reached(window, cal.reached)) != cal.reached:
         cal = cal.model_copy(update={"reached": reach, "reachedAt": _iso(obs.now)})
         state = dataclasses.replace(state, calibration=cal)
     window_s = spec.tuning.calibrationWindowSeconds

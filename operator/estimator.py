@@ -97,23 +97,28 @@ class Estimate:
         return {str(p.batch): round(p.speedup, 3) for p in self.curve}
 
 
+def common_buckets(
+    stats: Mapping[tuple[str, int], ModeStats], rare_share: float = RARE_SHARE
+) -> list[int]:
+    """Buckets holding decode steps, and at least `rare_share` of them (both modes counted)."""
+    steps: dict[int, float] = {}
+    for (_, bucket), s in stats.items():
+        steps[bucket] = steps.get(bucket, 0.0) + s.steps
+    total = sum(steps.values())
+    return [b for b in sorted(steps) if steps[b] > 0 and steps[b] >= rare_share * total]
+
+
 def undersampled(
     stats: Mapping[tuple[str, int], ModeStats],
     min_steps: int = MIN_STEPS,
     rare_share: float = RARE_SHARE,
 ) -> list[int]:
-    """Buckets that traffic reaches (at least `rare_share` of the decode steps, both modes
-    counted) but that lack `min_steps` in one of the modes: what a calibration still waits for."""
-    steps: dict[int, float] = {}
-    for (_, bucket), s in stats.items():
-        steps[bucket] = steps.get(bucket, 0.0) + s.steps
-    total = sum(steps.values())
+    """Buckets that traffic reaches (`common_buckets`) but that lack `min_steps` in one of the
+    modes: what a calibration still waits for."""
     return [
         b
-        for b in sorted(steps)
-        if steps[b] > 0
-        and steps[b] >= rare_share * total
-        and min(stats.get((m, b), ModeStats()).steps for m in ("spec", "plain")) < min_steps
+        for b in common_buckets(stats, rare_share)
+        if min(stats.get((m, b), ModeStats()).steps for m in ("spec", "plain")) < min_steps
     ]
 
 

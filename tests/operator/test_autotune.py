@@ -333,7 +333,14 @@ def test_a_bucket_traffic_rarely_reaches_does_not_hold_a_bound_up() -> None:
     exploring = step(s, fresh(s), observe(0, window())).state
     quiet = curve(100, buckets=(2, 3)) | {("plain", 1): ModeStats(2, 2, 0.02)}
     seen = step(s, exploring, observe(10, window({H100: quiet}))).state
-    assert seen.calibration.reached == {H100: [1, 3]}
+    assert seen.calibration.reached == {H100: [2, 3]}  # batch 1 is too rare to count
+    # a rare batch 8 later does not restart the 15 s, nor does the range shrink when batch 2
+    # turns rare in its turn
+    later = curve(100, buckets=(3,)) | {("plain", 2): ModeStats(4, 8, 0.04)}
+    later |= {("spec", 8): ModeStats(3, 24, 0.03)}
+    seen = step(s, seen, observe(20, window({H100: later}))).state
+    assert seen.calibration.reached == {H100: [2, 3]}
+    assert seen.calibration.reachedAt == (T0 + timedelta(seconds=10)).isoformat()
     ended = step(s, seen, observe(25, window({H100: quiet})))
     assert ended.state.calibration.phase == "Verifying", ended.events
     assert ended.state.threshold.current == 4  # through bucket 3 and no further
