@@ -247,7 +247,8 @@ class CalibrationStatus(BaseModel):
     )
     reached: dict[str, list[int]] = Field(
         default_factory=dict,
-        description="SKU -> [smallest, largest] batch bucket this calibration's traffic reached",
+        description="SKU -> [smallest, largest] batch bucket holding 5% or more of this "
+        "calibration's decode steps",
     )
     reachedAt: str | None = Field(None, description="when that range last grew")
     baseline: Baseline | None = None
