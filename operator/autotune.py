@@ -316,13 +316,20 @@ def _decide(
     old = thresholds_by_sku(state)
     auto = t.mode == "Auto"
     per_sku, events, changed = [], [], False
+    targets: dict[str, int | None] = {}  # per SKU: what the threshold should be
     for sku, est in estimates.items():
         current = old.get(sku, state.threshold.current)
         unmeasured = sku not in old and state.threshold.source != "Measured"
-        clear = est.flips_a_clear_bucket(current, clamp(est.threshold, t.min, t.max))
+        # a threshold an earlier calibration measured stands where this one measured only
+        # one side of the crossover and agrees with it (not a start value: that is a guess)
+        asked = clamp(est.threshold, t.min, t.max)
+        measured = sku in old and state.threshold.source == "Measured"
+        agrees = measured and asked != current and est.agrees_with(current)
+        targets[sku] = current if agrees else asked
+        clear = est.flips_a_clear_bucket(current, targets[sku])
         damped = damp(
             current,
-            est.threshold,
+            targets[sku],
             t.min,
             t.max,
             None if unmeasured else last_change,
@@ -330,6 +337,12 @@ def _decide(
             dwell,
             dead_band_buckets=0 if clear else 1,
         )
+        if agrees:
+            damped = dataclasses.replace(
+                damped,
+                message=f"{current}, measured earlier, stands: it agrees with this "
+                "one-sided measurement",
+            )
         move = auto and damped.action == "change"
         changed |= move
         per_sku.append(
@@ -349,7 +362,7 @@ def _decide(
         events.append(Event(verb, f"{sku}: {damped.message} ({est.reason})"))
     main = max(per_sku, key=lambda s: (s.pods, s.sku))
     main_estimate = estimates[main.sku]
-    recommended = clamp(main_estimate.threshold, t.min, t.max)
+    recommended = targets[main.sku]
     threshold = ThresholdStatus(
         current=main.threshold if auto else state.threshold.current,
         recommended=recommended,

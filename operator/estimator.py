@@ -81,6 +81,19 @@ class Estimate:
             return None
         return self.curve[0].batch
 
+    def agrees_with(self, threshold: int | None) -> bool:
+        """Whether a one-sided measurement leaves `threshold` standing: a curve that pays in
+        every measured bucket puts the crossover past them, so any threshold from its bound up
+        agrees (None: above every batch); one that pays in none puts it below them, so any
+        threshold up to its first bucket agrees. A load that fell (or rose) away from the
+        crossover measured earlier then does not move it."""
+        if self.crossover.status == "always_pays":
+            bound = self.bound
+            return threshold is None or (bound is not None and threshold >= bound)
+        if self.crossover.status == "never_pays":
+            return threshold is not None and threshold <= self.curve[0].batch
+        return False
+
     def flips_a_clear_bucket(self, a: int | None, b: int | None) -> bool:
         """Whether moving the threshold from a to b changes the mode in a measured bucket whose
         speedup is clearly not 1 (batches from the lower threshold up to the higher change

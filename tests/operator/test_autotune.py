@@ -404,6 +404,40 @@ def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
     assert f"{H100}: 60% of decode steps ran below batch 32" in started.events[0].message
 
 
+@pytest.mark.parametrize(
+    ("buckets", "asked"),
+    [((1, 2, 4), 6), ((32, 48), 32)],
+    ids=["load fell: pays at every batch it reaches", "load rose: pays at none"],
+)
+def test_a_load_away_from_a_measured_crossover_keeps_it(buckets, asked) -> None:
+    """A crossing measured at 20 (threshold 21) stands when a later calibration (here the
+    replicas changed) sees traffic only on one side of it: paying at every batch up to 4, or at
+    none from 32, says nothing against 21, so the threshold does not follow the load there and
+    back. The bound still tells the past-bound trigger where the measured batches end."""
+    s = spec(minDwellSeconds=0)
+    state = measured(s, crossover=20)
+    assert (state.threshold.current, state.threshold.source) == (21, "Measured")
+    started = step(s, state, observe(3 * WINDOW, window({}), replicas=3))
+    assert started.state.calibration.phase == "Exploring"
+    one_side = window({H100: curve(20, buckets=buckets)}, load=traffic(rate=3.0))
+    decided = step(s, started.state, observe(4 * WINDOW, one_side, replicas=3))
+    assert reasons(decided) == ["ThresholdKept"], decided.events
+    assert "21, measured earlier, stands" in decided.events[0].message
+    after = decided.state
+    assert after.threshold.current == after.threshold.recommended == 21
+    assert [p.threshold for p in after.per_sku] == [21]
+    assert after.calibration.baseline is not None
+    one_sided = after.calibration.baseline.bounds | after.calibration.baseline.floors
+    assert one_sided == {H100: asked}
+
+
+def test_a_one_sided_measurement_still_moves_a_start_value() -> None:
+    """The spec's start value was never measured: a bound moves it as far as it asks."""
+    s = spec(value=64, minDwellSeconds=0)
+    state = calibrate(s, fresh(s), 0, {H100: curve(20, buckets=(1, 2, 4))})
+    assert state.threshold.current == 6
+
+
 def test_a_change_that_makes_requests_queue_is_verified_with_a_warning() -> None:
     s = spec()
     calm = dataclasses.replace(

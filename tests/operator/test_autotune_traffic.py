@@ -16,7 +16,9 @@ traffic again and raises the threshold, and the traffic turns back to sampled as
 so that speculation runs where it no longer pays: the decode throughput the check compares on the
 same batch mix falls, and the operator puts the measured threshold back. The re-check after that,
 on the same load stepping either side of the crossover, keeps the threshold ("Must show" 10: no
-flapping, counted in Events)."""
+flapping, counted in Events). Last, the clients fall to a few ("Must show" 5, a load change): a
+calibration names the request rate, measures speculation paying at every batch the few reach,
+and keeps the crossover the busy load measured, which that agrees with."""
 
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ LEVELS, LEVEL_SECONDS = (16, 40, 56), 10  # every window sees the same mix of ba
 CHANGE_PERCENT = 60
 LOAD_SECONDS, REQUESTS = 600, 8000  # some 12 requests a second at most
 MAX_AGE = 60  # tuning.maxAgeSeconds for the re-check: its minimum
+FEW, WINDOW_AFTER = 4, 10  # clients once the load falls, and the windows then (the shortest)
 
 
 def fleet(cluster: Cluster, namespace: str, seconds: int = 20) -> str:
@@ -87,7 +90,8 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
     trafficChangePercent, a calibration starts saying so, and the threshold it measures is more
     than the dead band lower; the engine runs it. A re-check on greedy traffic then raises it, the
     traffic turns sampled again, and a RolledBack Event puts the lowered threshold back on the
-    engine; the next re-check, on the same load hovering about the crossover, moves nothing."""
+    engine; the next re-check, on the same load hovering about the crossover, moves nothing; nor
+    does the calibration once the load falls to a few clients."""
     namespace, name = tuner, "shifted"
     body = auto_sd(name)
     spec = body["spec"]
@@ -161,6 +165,8 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
         rechecked = recheck(rolled_back, calibration)
         reasons_after = Counter(e.reason for e in events(admin, namespace, name))
         still = speculation(url)
+        fell = load_falls(admin, namespace, name, load, rechecked, calibration)
+        kept = speculation(url)
     print(f"{time.monotonic() - began:.0f}s, {load.sent} requests ({load.failed} failed)")
     assert simulated(cluster, namespace)
     (a100,) = after["perSku"]
@@ -192,6 +198,18 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
     assert still["threshold"] == sampled, still
     # status.crossover shows this measurement's curve, not the buckets of every earlier one
     assert rechecked["crossover"]["curve"] == rechecked["perSku"][0]["curve"], rechecked
+    # a load change beyond trafficChangePercent ("Must show" 5): a calibration that names the
+    # request rate, and the crossover measured under the busy load stands, since the few
+    # clients left reach only batches where speculation pays
+    message = fell["calibration"]["message"]
+    assert fell["calibration"]["trigger"] == "Traffic" and "request rate moved by" in message
+    assert fell["threshold"]["current"] == sampled and kept["threshold"] == sampled, fell
+    (a100,) = fell["perSku"]
+    assert "batchSize" not in a100 and a100["reason"].startswith("speculation pays"), a100
+    assert any(
+        e.reason == "ThresholdKept" and f"{sampled}, measured earlier, stands" in e.message
+        for e in events(admin, namespace, name)
+    )
 
 
 def raise_then_turn_the_traffic(
@@ -224,6 +242,35 @@ def raise_then_turn_the_traffic(
     before = [s["threshold"] for s in cal["previous"]]
     assert status["threshold"]["current"] > max(before), (before, status["threshold"])
     return wait_until("the goodput check", lambda: idle(calibration()), 120, 2)
+
+
+def load_falls(
+    admin: client.ApiClient,
+    namespace: str,
+    name: str,
+    load: Load,
+    rechecked: dict[str, Any],
+    calibration: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """The clients fall to FEW (the request rate by far more than trafficChangePercent), with
+    windows of WINDOW_AFTER seconds so that the three the trigger judges fit in a short test;
+    the status once the calibration that follows has decided."""
+    since = rechecked["calibration"]["finishedAt"]
+    client.CustomObjectsApi(admin).patch_namespaced_custom_object(
+        "spectune.io", "v1alpha1", namespace, "specdeployments", name,
+        {"spec": {"tuning": {"calibrationWindowSeconds": WINDOW_AFTER, "maxAgeSeconds": 3600}}},
+    )  # fmt: skip
+    load.active = lambda _: FEW
+    fell = time.monotonic()
+
+    def decided() -> dict[str, Any] | None:
+        status = idle(calibration())
+        return status if status and status["calibration"]["startedAt"] > since else None
+
+    status = wait_until("a calibration after the load fell", decided, 150, 2)
+    print(f"load fell to {FEW} clients: {status['calibration']['message']}, decided "
+          f"{time.monotonic() - fell:.0f}s later: {status['perSku']}")  # fmt: skip
+    return status
 
 
 def idle(status: dict[str, Any]) -> dict[str, Any] | None:
