@@ -18,14 +18,18 @@ in turns.
 
 With `--context-shift` it checks issue 13's "Must show" 5 for longer contexts: the engine
 counts each real cached token `--context-scale` times on the simulated A100 (the tiny models
-hold 1024 tokens; serving contexts run to thousands), the operator calibrates under stepped load
-with 64-byte prompts, and once that measurement is verified the same clients send
-`--long-prompt-bytes` prompts; the prompt-length trigger must start a calibration, and the
-thresholds before and after are printed (the device model says: higher, where acceptance
-holds). Longer text also changes what n-gram lookup finds and accepts; `--pad-prompts` makes
-the long prompts the short ones padded in front with a byte no text holds, so that n-gram lookup
-finds the same matches (the built-in target, trained on 128-token sequences, still samples
-differently past them: acceptance fell with padding too, docs/PERFORMANCE.md).
+were trained on 128-token sequences; serving contexts run to thousands), the operator calibrates
+under stepped load with `--short-prompt-bytes` prompts, and once that measurement is verified
+the same clients send `--long-prompt-bytes` prompts; the prompt-length trigger must start a
+calibration, and the thresholds before and after are printed (the device model says: higher,
+where acceptance holds). Longer text also changes what n-gram lookup finds: it drafts more in
+longer text, which cancels the extra KV reads. `--draft tiny-draft --k 12` speculates with the
+draft model instead, which drafts k tokens whatever the text and accepts about as many of them
+in short and long prompts (its slower steps want a longer `--window` and `--level-seconds`, so
+that the largest batches get steps in both modes). `--pad-prompts` makes the long prompts the
+short ones padded in front with a byte no text holds, so that n-gram lookup finds the same
+matches (the built-in target still samples differently after bytes it never saw: acceptance
+fell with padding too, docs/PERFORMANCE.md).
 
 With `--real-cpu` it checks issue 13's "Must show" 1 on real CPU timing instead: the engine runs
 without a simulated SKU (n-gram, k=4, greedy requests, the bench's CPU SLO), the operator
@@ -37,8 +41,9 @@ With `--hover-minutes N` it measures flapping instead (issue 13, "Must show" 10)
 calibration the deployment stays Auto, with the default damping (`tuning.minDwellSeconds`
 300, a one-bucket dead band), while the load alternates between two levels either side of
 the crossover for N minutes, and the operator's Events are counted. Each level lasts
-`--hover-level-seconds` (default 2.5 modelled seconds: fast swings that whole windows average
-out; one calibration window each: slow swings that each window sees on one side), and
+`--hover-level-seconds` (default `--level-seconds`, 2.5 modelled seconds: fast swings that
+whole windows average out; one calibration window each: slow swings that each window sees on
+one side), and
 `--hover-max-age` lowers `tuning.maxAgeSeconds` so that re-checks come while it hovers and the
 damping itself decides what they move.
 
@@ -46,6 +51,7 @@ Usage: .venv/bin/python benchmarks/autotune_goodput.py [--levels 16,64] [--fixed
        [--seconds 40] [--rounds 2] [--time-scale 16] [--out .cache/autotune-goodput]
        [--hover-minutes 10 --hover-levels 28,44 --hover-level-seconds 120 --hover-max-age 60]
        [--exploration-cost] [--real-cpu] [--context-shift --context-scale 4]
+       [--draft tiny-draft --k 12 --window 120 --level-seconds 20]
 """
 
 from __future__ import annotations
@@ -107,9 +113,11 @@ def specdeployment(
     real_cpu: bool = False,
     window_s: int | None = None,
     context_scale: float = 1.0,
+    draft: str | None = None,
+    k: int = 16,
 ) -> dict[str, Any]:
     """The benchmark's SpecDeployment; calibration windows of 30 modelled seconds unless
-    `window_s` (wall seconds) is given."""
+    `window_s` (wall seconds) is given; n-gram lookup unless a `draft` model is named."""
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SpecDeployment",
@@ -127,8 +135,8 @@ def specdeployment(
                 },
             },
             "speculation": {
-                "method": "ngram",
-                "numSpeculativeTokens": 16,
+                "method": "draft" if draft else "ngram",
+                "numSpeculativeTokens": k,
                 "threshold": {"mode": "Auto", "value": 1, "min": 1, "max": 96},
             },
             "slo": {
@@ -139,6 +147,8 @@ def specdeployment(
             | ({} if damped else {"minDwellSeconds": 0}),
         },
     }
+    if draft:
+        body["spec"]["speculation"]["draft"] = draft
     if context_scale != 1.0:
         annotations = body["spec"]["engine"]["podAnnotations"]
         annotations["spectune.io/simulate-context-scale"] = f"{context_scale:g}"
@@ -178,6 +188,8 @@ class Setup:
         real_cpu: bool = False,
         window_s: int | None = None,
         context_scale: float = 1.0,
+        draft: str | None = None,
+        k: int = 16,
     ) -> None:
         kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig",
                    env["SPECTUNE_KUBECONFIG"]]  # fmt: skip
@@ -202,7 +214,15 @@ class Setup:
             self.namespace,
             PLURAL,
             specdeployment(
-                self.name, time_scale, damped, target, real_cpu, window_s, context_scale
+                self.name,
+                time_scale,
+                damped,
+                target,
+                real_cpu,
+                window_s,
+                context_scale,
+                draft,
+                k,
             ),
         )
 
@@ -381,7 +401,7 @@ async def main_async(args: argparse.Namespace, setup: Setup) -> None:
             await asyncio.to_thread(agreement, url, setup, status, args)
             return
         status = await calibrate(
-            target, setup, 2.5 * args.time_scale, prompt_bytes=args.short_prompt_bytes
+            target, setup, args.level_seconds, prompt_bytes=args.short_prompt_bytes
         )
         (a100,) = status["perSku"]
         measured = status["threshold"]["current"]
@@ -436,7 +456,7 @@ async def hover(target: HttpTarget, setup: Setup, args: argparse.Namespace) -> N
     if args.hover_max_age:
         await asyncio.to_thread(setup.tune, {"maxAgeSeconds": args.hover_max_age})
     started = time.monotonic()
-    step_s = args.hover_level_seconds or 2.5 * args.time_scale
+    step_s = args.hover_level_seconds or args.level_seconds
     curves: dict[str, dict[str, float]] = {}  # measuredAt -> bucket -> speedup
     for i, clients in enumerate(itertools.cycle(args.hover_levels)):
         if time.monotonic() - started >= 60 * args.hover_minutes:
@@ -479,7 +499,7 @@ async def context_shift(
 ) -> None:
     """Prompts turn long under the same stepped load: the calibration the prompt-length
     trigger starts, and the threshold it leaves."""
-    step_s = 2.5 * args.time_scale
+    step_s = args.level_seconds
     short, long = args.short_prompt_bytes, args.long_prompt_bytes
     longer = (
         {"prompt_bytes": short, "pad_bytes": long - short}
@@ -511,7 +531,9 @@ async def context_shift(
     after = await asyncio.to_thread(setup.status)
     print("\n".join(f"  {r}: {m}" for r, m in decided))
     old, new = before["threshold"]["current"], after["threshold"]["current"]
-    print(f"\ncontext x{args.context_scale:g} on the simulated A100 (at {args.time_scale:g}x): "
+    method = f"draft {args.draft}" if args.draft else "n-gram"
+    print(f"\ncontext x{args.context_scale:g} on the simulated A100 (at {args.time_scale:g}x, "
+          f"{method} k={args.k}): "
           f"{short}-byte prompts -> threshold {old} ({before['perSku'][0]['reason']}); "
           f"{long}-byte prompts{padded} -> {new} ({after['perSku'][0]['reason']}), "
           f"{time.monotonic() - started:.0f} s after the prompts turned long")  # fmt: skip
@@ -624,9 +646,18 @@ def main() -> None:
     parser.add_argument("--short-prompt-bytes", type=int, default=64)
     parser.add_argument("--long-prompt-bytes", type=int, default=512)
     parser.add_argument(
+        "--window", type=int, help="tuning.calibrationWindowSeconds (default 30 modelled s)"
+    )
+    parser.add_argument(
+        "--level-seconds", type=float, help="each calibration load level (default 2.5 modelled s)"
+    )
+    parser.add_argument("--draft", help="a draft model instead of n-gram lookup (tiny-draft)")
+    parser.add_argument("--k", type=int, default=16, help="drafted tokens per step")
+    parser.add_argument(
         "--pad-prompts", action="store_true", help="long prompts: the short ones, padded in front"
     )
     args = parser.parse_args()
+    args.level_seconds = args.level_seconds or 2.5 * args.time_scale
     if args.context_shift and args.long_prompt_bytes <= args.short_prompt_bytes:
         parser.error("--long-prompt-bytes must be more than --short-prompt-bytes")
     if args.hover_max_age is not None and args.hover_max_age < 60:
@@ -639,8 +670,10 @@ def main() -> None:
         bool(args.hover_minutes),
         CPU_SLO if args.real_cpu else slo(args.time_scale),
         args.real_cpu,
-        60 if args.context_shift else None,  # wall seconds: long enough for a crossing
+        args.window or (60 if args.context_shift else None),  # wall seconds
         args.context_scale if args.context_shift else 1.0,
+        args.draft,
+        args.k,
     )
     try:
         asyncio.run(main_async(args, setup))
