@@ -260,6 +260,7 @@ def raise_then_turn_the_traffic(
         return status if status["calibration"]["phase"] == "Verifying" else None
 
     status = wait_until("a re-check raising the threshold", raised, 240, 1)
+    steady = load.active
     load.temperature, load.active = 1.0, stepped(CHECKED_LEVELS, CHECKED_LEVEL_SECONDS)
     cal = status["calibration"]
     print(f"re-check ({cal['trigger']}: {cal['message']}): {status['threshold']}")
@@ -267,7 +268,7 @@ def raise_then_turn_the_traffic(
     before = [s["threshold"] for s in cal["previous"]]
     assert status["threshold"]["current"] > max(before), (before, status["threshold"])
     checked = wait_until("the goodput check", lambda: idle(calibration()), 120, 2)
-    load.active = stepped(LEVELS, LEVEL_SECONDS)
+    load.active = steady
     return checked
 
 
@@ -287,13 +288,9 @@ def load_falls(
     )  # fmt: skip
     load.active = lambda _: FEW
     fell, since = time.monotonic(), datetime.now(UTC)
-
-    def decided() -> dict[str, Any] | None:
-        status = idle(calibration())
-        started = status and datetime.fromisoformat(status["calibration"]["startedAt"])
-        return status if started and started > since else None
-
-    status = wait_until("a calibration after the load fell", decided, 150, 2)
+    status = wait_until(
+        "a calibration after the load fell", lambda: decided_since(calibration(), since), 150, 2
+    )
     print(f"load fell to {FEW} clients: {status['calibration']['message']}, decided "
           f"{time.monotonic() - fell:.0f}s later: {status['perSku']}")  # fmt: skip
     return status
@@ -309,14 +306,17 @@ def idle(status: dict[str, Any]) -> dict[str, Any] | None:
     return status if status["calibration"]["phase"] == "Idle" else None
 
 
+def decided_since(status: dict[str, Any], since: datetime) -> dict[str, Any] | None:
+    """The status once a calibration started after `since` has decided."""
+    started = datetime.fromisoformat(status["calibration"]["startedAt"])
+    return idle(status) if started > since else None
+
+
 def recheck(
     rolled_back: dict[str, Any], calibration: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
     """The status once the calibration after the rollback has decided."""
-    since = rolled_back["calibration"]["finishedAt"]
-
-    def done() -> dict[str, Any] | None:
-        status = idle(calibration())
-        return status if status and status["calibration"]["startedAt"] > since else None
-
-    return wait_until("a re-check after the rollback", done, 150, 2)
+    since = datetime.fromisoformat(rolled_back["calibration"]["finishedAt"])
+    return wait_until(
+        "a re-check after the rollback", lambda: decided_since(calibration(), since), 150, 2
+    )
