@@ -1,10 +1,13 @@
-# spectune: `make test` installs what is missing and runs every test; `make demo` runs the main job.
+# spectune: `make test` installs what is missing and runs every test; `make demo` runs the main job;
+# `make check` is the inner loop: lint and every test that needs neither the local cluster nor a
+# Go-built tool and is not slow (the minute-long soak, the clean install, the SKU sweeps): about 3
+# minutes. The markers say which; collection fails on a test that lacks the marker it needs.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench-demo demo-down models bench-models crds clean
+.PHONY: install test check lint demo bench-demo demo-down models bench-models crds clean
 
 install: $(STAMP)
 
@@ -20,6 +23,9 @@ lint: install
 
 test: lint
 	$(BIN)/pytest
+
+check: lint
+	$(BIN)/pytest -m "not cluster and not tools and not slow"
 
 models: install
 	$(BIN)/spectune-engine models build --size tiny

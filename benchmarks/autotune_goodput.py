@@ -61,9 +61,7 @@ import asyncio
 import base64
 import itertools
 import json
-import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -88,7 +86,8 @@ from spectune.engine.bench.workload import (
 from spectune.engine.crossover import Crossover, bucket_distance
 from spectune.operator import render
 from spectune.operator.autotune import CALIBRATION_EXPLORATION_PERCENT
-from spectune.operator.models import TuningSpec
+from spectune.operator.launch import launch
+from spectune.operator.models import GROUP, PLURAL, VERSION, TuningSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION_LEVELS = (16, 28, 44, 64)
@@ -97,7 +96,6 @@ PAD = "\x01"  # a byte no prompt or answer holds
 # Real CPU timing: the tiny pair's n-gram k=4 crossover, greedy, lies near batch 24-27 on this
 # machine (PERFORMANCE.md, "The central claim"); the bench's CPU SLO.
 CPU_LEVELS, CPU_K, CPU_SLO = (4, 8, 16, 32, 64), 4, Slo(ttft_ms=1000, tpot_ms=100)
-GROUP, VERSION, PLURAL = "spectune.io", "v1alpha1", "specdeployments"
 
 
 def slo(time_scale: float) -> Slo:
@@ -201,12 +199,12 @@ class Setup:
         self.namespace = self.peering = f"autotune-goodput-{uuid.uuid4().hex[:6]}"
         self.name = "bench"
         self.core.create_namespace({"metadata": {"name": self.namespace}})
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "spectune.operator.cli", "run", "--namespace", self.namespace,
-             "--peering", self.peering, "--prometheus-url", env["SPECTUNE_PROMETHEUS_URL"],
+        self.operator = launch(
+            env["SPECTUNE_KUBECONFIG"],
+            ["--namespace", self.namespace, "--peering", self.peering,
+             "--prometheus-url", env["SPECTUNE_PROMETHEUS_URL"],
              "--liveness", "http://127.0.0.1:8299/healthz"],
-            env=os.environ | {"KUBECONFIG": env["SPECTUNE_KUBECONFIG"]},
-            stdout=log.open("w"), stderr=subprocess.STDOUT,
+            log,
         )  # fmt: skip
         self.custom.create_namespaced_custom_object(
             GROUP,
@@ -293,11 +291,7 @@ class Setup:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.exists():
             time.sleep(0.5)
-        self.operator.send_signal(signal.SIGINT)
-        try:
-            self.operator.wait(20)
-        except subprocess.TimeoutExpired:
-            self.operator.kill()
+        self.operator.stop()
         self.core.delete_namespace(self.namespace)
         self.custom.delete_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", self.peering

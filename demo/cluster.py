@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from spectune.demo.timeline import MARKED, Mark, Step
 from spectune.demo.view import step_line
 from spectune.operator import render
+from spectune.operator.launch import OperatorProcess, launch
+from spectune.operator.models import GROUP, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / ".local"
@@ -32,7 +33,6 @@ CHART = REPO / "charts" / "spectune"
 EXAMPLE = REPO / "examples" / "autotune-demo.yaml"
 RELEASE, SYSTEM, NAMESPACE = "spectune-demo", "spectune-demo-system", "spectune-demo"
 FULLNAME = RELEASE  # the chart names its objects after a release whose name holds "spectune"
-GROUP, VERSION, PLURAL = "spectune.io", "v1alpha1", "specdeployments"
 CRDS = ("specdeployments.spectune.io", "clusterkopfpeerings.kopf.dev")
 OPERATOR_PID = LOCAL / "run" / "demo-operator.pid"
 T = TypeVar("T")
@@ -137,7 +137,7 @@ class Cluster:
         self.core, self.custom = client.CoreV1Api(), client.CustomObjectsApi()
         self.apps = client.AppsV1Api()
         self.out = out
-        self.operator: subprocess.Popen[bytes] | None = None
+        self.operator: OperatorProcess | None = None
         self._products: dict[str, str] = {}
 
     def kubectl(self, *args: str) -> str:
@@ -209,24 +209,13 @@ class Cluster:
             f"--liveness=http://127.0.0.1:{health_port}/healthz",
             f"--metrics-address=127.0.0.1:{metrics_port}",
         ]  # loopback, not the pod's 0.0.0.0
-        log = self.out / "operator.log"
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "spectune.operator.cli", *args],
-            env=os.environ | {"KUBECONFIG": str(kubeconfig)},
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        OPERATOR_PID.write_text(str(self.operator.pid))
-        return log
+        self.operator = launch(kubeconfig, args, self.out / "operator.log", new_session=True)
+        OPERATOR_PID.write_text(str(self.operator.process.pid))
+        return self.operator.log
 
     def stop_operator(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.send_signal(signal.SIGINT)
-            try:
-                self.operator.wait(20)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
+        if self.operator is not None:
+            self.operator.stop()
         OPERATOR_PID.unlink(missing_ok=True)
 
     # --- the SpecDeployment ------------------------------------------------------------------

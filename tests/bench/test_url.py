@@ -15,7 +15,7 @@ import pytest
 from spectune.engine.bench.schema import BenchResult
 from spectune.engine.bench.targets import HttpTarget
 from spectune.engine.cli import main
-from tests.server.conftest import Served, start_server, stop_server
+from tests.server.support import Served, start_server, stop_server
 
 
 @pytest.fixture(scope="module")

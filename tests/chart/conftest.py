@@ -9,13 +9,13 @@ import subprocess
 import pytest
 
 from tests.chart.support import HELM
-from tests.cluster.conftest import require_cluster_tools
-from tests.cluster.support import REPO
+from tests.cluster.support import REPO, require_cluster_tools
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def helm_binary() -> None:
-    """Install helm (from the per-user build cache in a second, else built from source)."""
+    """Install helm (from the per-user build cache in a second, else built from source). Tests
+    that run helm use it, and so must be marked `tools` (or `cluster`)."""
     if HELM.exists():
         return
     require_cluster_tools(HELM.parent, shutil.which("go"))

@@ -21,6 +21,10 @@ def helm(
     *args: str, check: bool = True, kubeconfig: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run helm; its output is returned, its failures raise with stderr in the message."""
+    assert HELM.exists(), (
+        f"{HELM} is not built: a test that runs helm uses the helm_binary fixture, which builds "
+        "it, and is marked `tools` (or `cluster`)"
+    )
     cmd = [str(HELM), *args]
     if kubeconfig is not None:
         cmd += ["--kubeconfig", str(kubeconfig)]

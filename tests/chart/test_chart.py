@@ -15,6 +15,7 @@ from tests.cluster.support import REPO
 
 from .support import CHART, INVALID, KUBE_VERSION, VALUES, find, helm, one, render
 
+pytestmark = [pytest.mark.tools, pytest.mark.usefixtures("helm_binary")]
 RULES = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
 
 

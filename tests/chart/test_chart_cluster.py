@@ -15,7 +15,6 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -26,12 +25,22 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cluster.support import REPO, Cluster, sa_kubeconfig, wait_until
-from tests.operator.conftest import _get, apply_files, get_sd, kubectl, stop
+from spectune.operator.launch import launch
+from tests.cluster.support import REPO, Cluster, sa_kubeconfig
+from tests.operator.support import (
+    apply_files,
+    assert_engines_serve,
+    engine_get,
+    get_or_none,
+    get_sd,
+    kubectl,
+    ready_pods,
+)
+from tests.support.waiting import wait_until
 
 from .support import CHART, VALUES, helm, template_args
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("helm_binary")]
 
 CRDS = ["specdeployments.spectune.io", "clusterkopfpeerings.kopf.dev"]
 POD_MONITOR_CRD = REPO / "tests" / "operator" / "podmonitor-crd.yaml"
@@ -147,8 +156,9 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
     cluster: Cluster, release, free_ports: tuple[int, int]
 ) -> None:
     """The Deployment's own args and ServiceAccount (kwok runs no containers): the operator
-    makes its peering, owned by the chart's ClusterRole; the example becomes Ready, and the
-    operator's metrics endpoint reports it."""
+    makes its peering, owned by the chart's ClusterRole; the example becomes Ready (two engines
+    on its H100 nodes, serving the model with its draft at its threshold), and the operator's
+    metrics endpoint reports it. The one test that brings examples/specdeployment.yaml up."""
     name, ns, watched = release["name"], release["namespace"], release["watched"]
     fullname = f"{name}-spectune"
     with cluster.api() as admin:
@@ -162,12 +172,10 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
             f"--liveness=http://127.0.0.1:{health}/healthz",
             f"--metrics-address=127.0.0.1:{metrics_port}",
         ]
-        log = release["tmp"] / "operator.log"
-        env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "spectune.operator.cli", *args],
-            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        operator = launch(
+            kubeconfig, args, release["tmp"] / "operator.log", env={"PATH": "/usr/bin:/bin"}
+        )
+        log = operator.log
         try:
             kubectl(cluster, "apply", "-n", watched, "-f", str(EXAMPLE))
 
@@ -176,6 +184,11 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
                 return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
             wait_until(f"the example to be Ready (log: {log})", ready, timeout=300)
+            pods = ready_pods(admin, watched, "tiny")
+            assert len(pods) == 2
+            assert {p.spec.node_name for p in pods} <= {"gpu-h100-0", "gpu-h100-1"}  # nodeSelector
+            assert_engines_serve(pods, "tiny-target", 8)
+            assert all(engine_get(p, "/admin/speculation")["method"] == "draft" for p in pods)
             with HTTP.open(f"http://127.0.0.1:{health}/healthz", timeout=5) as r:
                 assert r.status == 200
             with HTTP.open(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
@@ -198,12 +211,12 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
                 ("ClusterRole", fullname, role.metadata.uid)
             ]
         finally:
-            stop(process)
+            operator.stop()
             kubectl(cluster, "delete", "-n", watched, "-f", str(EXAMPLE), "--wait=false")
 
 
 def peering(admin: client.ApiClient, name: str) -> dict | None:
-    return _get(
+    return get_or_none(
         lambda n, _ns: client.CustomObjectsApi(admin).get_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", n
         ),
@@ -261,9 +274,9 @@ def test_uninstall_removes_everything_but_the_kept_crds(cluster: Cluster, releas
             (rbac.read_namespaced_role_binding, fullname, release["watched"]),
         ]
         for read, obj, namespace in gone:
-            assert _get(read, obj, namespace) is None, (read.__name__, obj)
+            assert get_or_none(read, obj, namespace) is None, (read.__name__, obj)
         for read in (rbac.read_cluster_role, rbac.read_cluster_role_binding):
-            assert _get(lambda n, _ns, read=read: read(n), fullname, "") is None
+            assert get_or_none(lambda n, _ns, read=read: read(n), fullname, "") is None
         wait_until(
             "the garbage collector to delete the peering with its ClusterRole",
             lambda: peering(admin, fullname) is None,

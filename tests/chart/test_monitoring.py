@@ -17,7 +17,7 @@ from tests.cluster.support import Cluster
 
 from .support import CHART, VALUES, one, render
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("helm_binary")]
 
 HISTOGRAMS = {
     contract.TIME_TO_FIRST_TOKEN, contract.INTER_TOKEN_LATENCY,

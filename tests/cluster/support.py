@@ -4,6 +4,7 @@ kubeconfigs for ServiceAccounts, so that code under test runs with its own RBAC,
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import json
 import os
@@ -12,9 +13,9 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
@@ -94,24 +95,6 @@ def cluster_is_up() -> bool:
     return cluster_sh("status", check=False, timeout=60).returncode == 0
 
 
-def wait_until(
-    what: str, probe: Callable[[], T | None], timeout: float = 120, every: float = 0.5
-) -> T:
-    """Poll until probe() returns something truthy; fail with `what` after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-        except Exception as e:  # a component still starting answers with errors for a while
-            last_error = e
-            value = None
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: {last_error}")
-
-
 def sa_kubeconfig(
     cluster: Cluster, namespace: str, service_account: str, out: Path, seconds: int = 3600
 ) -> Path:
@@ -180,3 +163,24 @@ def our_processes() -> list[tuple[int, str]]:
         if marker in environ or cmdline.startswith(bin_dir):
             found.append((int(proc.name), cmdline))
     return found
+
+
+def require_cluster_tools(bin_dir: Path, go: str | None) -> None:
+    """Fail (never skip) when the cluster's binaries are not built and there is no Go to build
+    them, saying how to get them."""
+    if go is None and not (bin_dir / "kube-apiserver").exists():
+        pytest.fail(
+            f"the local cluster's binaries are not in {bin_dir} and Go is not installed to build "
+            "them: run .ci/run (it installs Go), or install Go and run `make binaries`",
+            pytrace=False,
+        )
+
+
+def load_pod_runner() -> ModuleType:
+    """hack/pod_runner.py (a script, not a package module), imported for its pure functions."""
+    spec = importlib.util.spec_from_file_location("pod_runner", REPO / "hack" / "pod_runner.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

@@ -13,7 +13,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.cluster.support import REPO, Cluster, sa_kubeconfig, wait_until
+from tests.cluster.support import REPO, Cluster, sa_kubeconfig
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

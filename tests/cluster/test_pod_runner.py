@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.support import ENGINE_LABEL, Cluster, wait_until
+from tests.cluster.support import ENGINE_LABEL, Cluster
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

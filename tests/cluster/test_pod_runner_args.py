@@ -4,26 +4,13 @@ must resolve), and what the pod's status says about the engine's readiness."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.cluster.support import REPO
+from tests.cluster.support import load_pod_runner
 
-
-def load_runner() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pod_runner", REPO / "hack" / "pod_runner.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-runner = load_runner()
+runner = load_pod_runner()
 
 
 def test_host_and_port_from_the_pod_are_dropped() -> None:
@@ -150,3 +137,10 @@ def test_a_pod_may_set_its_own_time_and_context_scale(annotation: str) -> None:
         with pytest.raises(runner.SkipPod, match="not a positive number"):
             runner.scale_of(annotation, 16.0, {annotation: bad})
     assert runner.simulated_env("NVIDIA-L4", 8.0, 4.0)["SPECTUNE_SIMULATE_CONTEXT_SCALE"] == "4"
+
+
+def test_pod_runner_simulates_a_pod_that_opts_in() -> None:
+    assert runner.wants_simulation(False, {"spectune.io/simulate-gpu": "true"})
+    assert not runner.wants_simulation(False, {"spectune.io/simulate-gpu": "false"})
+    assert not runner.wants_simulation(False, None)
+    assert runner.wants_simulation(True, None)

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback, our_processes, wait_until
+from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback, our_processes
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

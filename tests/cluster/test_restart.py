@@ -17,8 +17,8 @@ from tests.cluster.support import (
     cluster_is_up,
     our_processes,
     run_visible,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -25,8 +25,9 @@ import pytest
 from kubernetes import client
 
 from spectune.engine import contract
-from tests.cluster.support import REPO, Cluster, wait_until
+from tests.cluster.support import REPO, Cluster
 from tests.server.metrics_text import parse
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

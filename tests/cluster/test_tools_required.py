@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import require_cluster_tools
+from tests.cluster.support import require_cluster_tools
 
 
 def test_no_binaries_and_no_go_fails_and_says_what_to_do(tmp_path: Path) -> None:

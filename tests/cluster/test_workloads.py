@@ -5,7 +5,6 @@ Services there make no noise (no Endpoints controller warning about those loopba
 from __future__ import annotations
 
 import ipaddress
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +12,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.support import Cluster, is_loopback, wait_until
+from tests.cluster.support import Cluster, is_loopback
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -123,7 +123,12 @@ def test_a_service_over_loopback_pods_raises_no_endpoint_warnings(
             "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
         }
         core.create_namespaced_service(namespace, service)
-        time.sleep(8)  # the controllers would have synced the Service within this
+        # A barrier instead of a sleep: a second pod behind the Service, made by the same
+        # controller manager (deployment and replica-set controllers) from a change after the
+        # Service's creation. Once it runs, an Endpoints controller would have had both the
+        # Service and a pod change to act on (and, with loopback IPs, to warn about).
+        apps.patch_namespaced_deployment_scale("web", namespace, {"spec": {"replicas": 2}})
+        wait_until("a second Running pod", lambda: running_pods(core, namespace, "web", 2))
         events = core.list_namespaced_event(namespace).items
         endpoint_events = [
             f"{e.reason}: {e.message}"

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from spectune.demo.cluster import NAMESPACE
 from spectune.demo.timeline import CHANGED, TRIGGERED, Timeline
 from spectune.demo.verdict import verdict
+from spectune.operator.models import GROUP, KIND, VERSION
 from tests.cluster.support import REPO, Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -40,8 +41,8 @@ def an_earlier_runs_event(cluster: Cluster) -> None:
             NAMESPACE,
             {
                 "metadata": {"generateName": "demo."},
-                "involvedObject": {"apiVersion": "spectune.io/v1alpha1", "kind":
-                                   "SpecDeployment", "name": "demo", "namespace": NAMESPACE,
+                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                                   "name": "demo", "namespace": NAMESPACE,
                                    "uid": str(uuid.uuid4())},
                 "reason": CHANGED, "message": EARLIER, "type": "Normal",
                 "firstTimestamp": now, "lastTimestamp": now,

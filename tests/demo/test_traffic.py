@@ -9,8 +9,8 @@ import asyncio
 from spectune.demo.traffic import Fleet
 from spectune.engine import contract
 from spectune.engine.bench.schema import Slo
-from tests.server.conftest import start_server, stop_server
 from tests.server.metrics_text import parse, total
+from tests.server.support import start_server, stop_server
 
 
 def test_fewer_clients_finish_their_requests_and_stop(tiny_pair, tmp_path) -> None:

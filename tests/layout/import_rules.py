@@ -108,3 +108,21 @@ def violations(imports: dict[str, set[str]], rules: tuple[Rule, ...] = RULES) ->
                 if _within(name, rule.forbidden) and not _within(name, rule.allowed):
                     found.append(f"{module} imports {name}: {rule.why}")
     return found
+
+
+def imported_test_modules(root: Path) -> list[str]:
+    """One line per import of a test module or a conftest by a file under tests/: helpers live
+    in support modules, so that importing one never collects another module's tests or runs
+    its set-up, and a test module can be moved or deleted alone."""
+    found = []
+    tests = root / "tests"
+    for path in sorted(tests.rglob("*.py")):
+        module = _module_name(path, tests, "tests")
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for name in sorted(_imported(tree, module, path.name == "__init__.py")):
+            parts = name.split(".")
+            if parts[0] == "tests" and any(
+                p == "conftest" or p.startswith("test_") for p in parts[1:]
+            ):
+                found.append(f"{module} imports {name}")
+    return found

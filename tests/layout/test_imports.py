@@ -1,5 +1,5 @@
-"""The layout's import directions hold, the checker catches a forbidden import, and the
-modules the operator may import load no torch."""
+"""The layout's import directions hold, the checker catches a forbidden import, the
+modules the operator may import load no torch, and no test module imports another."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .import_rules import TORCH_FREE, module_imports, violations
+from .import_rules import TORCH_FREE, imported_test_modules, module_imports, violations
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,3 +69,24 @@ def test_the_torch_free_modules_load_no_torch() -> None:
     ).stdout
     assert "'spectune.engine.crossover'" in loaded
     assert "'torch'" not in loaded and "'numpy'" not in loaded
+
+
+def test_no_imported_test_modules_another_or_a_conftest() -> None:
+    assert imported_test_modules(REPO) == []
+
+
+def test_the_checker_names_an_imported_test_module(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "tests/__init__.py": "",
+            "tests/a/__init__.py": "",
+            "tests/a/support.py": "",
+            "tests/a/test_x.py": "from .support import helper\nfrom .conftest import sd\n",
+            "tests/a/test_y.py": "from tests.a.test_x import thing\n",
+        },
+    )
+    assert imported_test_modules(root) == [
+        "tests.a.test_x imports tests.a.conftest.sd",
+        "tests.a.test_y imports tests.a.test_x.thing",
+    ]

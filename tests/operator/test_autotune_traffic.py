@@ -34,14 +34,12 @@ from kubernetes import client
 
 from spectune.engine import contract
 from spectune.operator.triggers import bucket_steps
-from tests.cluster.support import Cluster, wait_until
+from tests.cluster.support import Cluster
+from tests.support.waiting import wait_until
 
-from .conftest import create, get_sd
-from .test_autotune_cluster import (
-    A100,
+from .e2e import (
     Load,
     analytic_for,
-    auto_sd,
     calibration_started,
     events,
     simulated,
@@ -49,7 +47,7 @@ from .test_autotune_cluster import (
     stepped,
     urls,
 )
-from .test_operator_cluster import all_ready
+from .support import A100, AUTO, all_ready, create, get_sd, patch_sd, specdeployment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -105,7 +103,7 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
     engine; the next re-check, on the same load hovering about the crossover, moves nothing; nor
     does the calibration once the load falls to a few clients."""
     namespace, name = tuner, "shifted"
-    body = auto_sd(name)
+    body = specdeployment(name, AUTO)
     spec = body["spec"]
     spec["engine"] |= {
         "nodeSelector": {"nvidia.com/gpu.product": A100},
@@ -178,7 +176,9 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
         live = speculation(url)
         print(f"sampled: {after['threshold']}, {after['perSku']}")
         sampled = after["threshold"]["current"]
-        rolled_back = raise_then_turn_the_traffic(admin, namespace, name, load, calibration)
+        rolled_back = raise_then_turn_the_traffic(
+            cluster, admin, namespace, name, load, calibration
+        )
         back = speculation(url)
         reasons = Counter(e.reason for e in events(admin, namespace, name))
         rechecked = recheck(rolled_back, calibration)
@@ -235,6 +235,7 @@ def test_a_shift_to_poor_drafting_lowers_the_threshold_and_a_raise_it_turns_on_i
 
 
 def raise_then_turn_the_traffic(
+    cluster: Cluster,
     admin: client.ApiClient,
     namespace: str,
     name: str,
@@ -248,12 +249,16 @@ def raise_then_turn_the_traffic(
     clients to CHECKED_LEVELS until the goodput check has decided). Returns the status then."""
     wait_until("the lowered threshold verified", lambda: idle(calibration()), 120, 2)
     load.temperature = 0.0
-    # requests in flight finish within seconds, and Prometheus scrapes every few
-    time.sleep(WINDOW + 10)
-    client.CustomObjectsApi(admin).patch_namespaced_custom_object(
-        "spectune.io", "v1alpha1", namespace, "specdeployments", name,
-        {"spec": {"tuning": {"maxAgeSeconds": MAX_AGE}}},
-    )  # fmt: skip
+
+    def greedy_window() -> bool:
+        """No sampled request in flight, and Prometheus holds a whole window after the last."""
+        last = load.last_finished(1.0)
+        query = f'max(timestamp({contract.REQUESTS}{{namespace="{namespace}"}}))'
+        scraped = cluster.prometheus("/api/v1/query", query=query)["result"]
+        return last is not None and float(scraped[0]["value"][1]) >= last + WINDOW
+
+    wait_until("a whole window of greedy traffic scraped", greedy_window, WINDOW + 60, 1)
+    patch_sd(admin, namespace, name, {"tuning": {"maxAgeSeconds": MAX_AGE}})
 
     def raised() -> dict[str, Any] | None:
         status = calibration()
@@ -282,10 +287,8 @@ def load_falls(
     """The clients fall to FEW (the request rate by far more than trafficChangePercent), with
     windows of WINDOW_AFTER seconds so that the three the trigger judges fit in a short test;
     the status once a calibration started after the fall has decided."""
-    client.CustomObjectsApi(admin).patch_namespaced_custom_object(
-        "spectune.io", "v1alpha1", namespace, "specdeployments", name,
-        {"spec": {"tuning": {"calibrationWindowSeconds": WINDOW_AFTER, "maxAgeSeconds": 3600}}},
-    )  # fmt: skip
+    tuning = {"calibrationWindowSeconds": WINDOW_AFTER, "maxAgeSeconds": 3600}
+    patch_sd(admin, namespace, name, {"tuning": tuning})
     load.active = lambda _: FEW
     fell, since = time.monotonic(), datetime.now(UTC)
     status = wait_until(

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from spectune.operator import metrics
 from spectune.operator.autotune import Observation, State, step
-from tests.operator.test_autotune import (
+from tests.operator.machine import (
     H100,
     L4,
     WINDOW,

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,69 +16,32 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from spectune.operator import render
-from tests.cluster.support import REPO, is_loopback, wait_until
+from spectune.operator.models import GROUP, PLURAL, VERSION
+from tests.support.waiting import wait_until
 
-from .conftest import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    _get,
+from .support import (
+    all_ready,
+    assert_engines_serve,
     create,
+    engine_get,
+    get_or_none,
     get_sd,
     kubectl,
-    sd,
+    ready_pods,
+    sd_condition,
+    specdeployment,
 )
 
 pytestmark = pytest.mark.cluster
 POD_MONITOR_CRD = Path(__file__).parent / "podmonitor-crd.yaml"
-PORT = 8000  # the SpecDeployment's default engine port
-# Engines listen on loopback pod IPs: never through a proxy.
-HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def engine_get(pod: Any, path: str) -> Any:
-    """GET a path of the real engine behind a pod, at the pod's IP, as a client in a cluster."""
-    assert is_loopback(pod.status.pod_ip), pod.status.pod_ip
-    with HTTP.open(f"http://{pod.status.pod_ip}:{PORT}{path}", timeout=5) as r:
-        return json.load(r)
-
-
-def ready_pods(admin: client.ApiClient, namespace: str, name: str) -> list[Any]:
-    """The SpecDeployment's pods that are Ready and not going away."""
-    pods = client.CoreV1Api(admin).list_namespaced_pod(
-        namespace, label_selector=render.selector_string(name)
-    )
-    return [
-        p
-        for p in pods.items
-        if p.metadata.deletion_timestamp is None
-        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-    ]
-
-
-def all_ready(admin: client.ApiClient, namespace: str, name: str, n: int) -> list[Any] | None:
-    """The ready pods once there are exactly n of them."""
-    pods = ready_pods(admin, namespace, name)
-    return pods if len(pods) == n else None
-
-
-def sd_condition(admin: client.ApiClient, namespace: str, name: str, type_: str) -> dict:
-    conditions = get_sd(admin, namespace, name).get("status", {}).get("conditions", [])
-    return next((c for c in conditions if c["type"] == type_), {})
-
-
-def assert_engines_serve(pods: list[Any], model: str, threshold: int | None) -> None:
-    """Each engine serves the model the spec names and runs the threshold the operator set."""
-    for pod in pods:
-        assert [m["id"] for m in engine_get(pod, "/v1/models")["data"]] == [model]
-        assert engine_get(pod, "/admin/speculation")["threshold"] == threshold
 
 
 def test_create_gives_children_status_and_events(cluster, admin, operator, namespace) -> None:
-    create(admin, namespace, sd("llm"))
+    create(admin, namespace, specdeployment("llm"))
     apps, core = client.AppsV1Api(admin), client.CoreV1Api(admin)
     deployment = wait_until(
-        "the engine Deployment", lambda: _get(apps.read_namespaced_deployment, "llm", namespace)
+        "the engine Deployment",
+        lambda: get_or_none(apps.read_namespaced_deployment, "llm", namespace),
     )
     assert deployment.spec.replicas == 2
     container = deployment.spec.template.spec.containers[0]
@@ -120,9 +81,11 @@ def test_create_gives_children_status_and_events(cluster, admin, operator, names
 
 
 def test_scale_and_drift_repair(cluster, admin, operator, namespace) -> None:
-    create(admin, namespace, sd("llm"))
+    create(admin, namespace, specdeployment("llm"))
     apps, core = client.AppsV1Api(admin), client.CoreV1Api(admin)
-    wait_until("the Deployment", lambda: _get(apps.read_namespaced_deployment, "llm", namespace))
+    wait_until(
+        "the Deployment", lambda: get_or_none(apps.read_namespaced_deployment, "llm", namespace)
+    )
     kubectl(cluster, "scale", "sd/llm", "--replicas", "3", "-n", namespace)
     wait_until(
         "3 replicas", lambda: apps.read_namespaced_deployment("llm", namespace).spec.replicas == 3
@@ -136,26 +99,30 @@ def test_scale_and_drift_repair(cluster, admin, operator, namespace) -> None:
     core.delete_namespaced_config_map("llm-engine-config", namespace)
     wait_until(
         "the ConfigMap recreated",
-        lambda: _get(core.read_namespaced_config_map, "llm-engine-config", namespace),
+        lambda: get_or_none(core.read_namespaced_config_map, "llm-engine-config", namespace),
     )
 
 
 def test_delete_garbage_collects_children(admin, operator, namespace) -> None:
-    create(admin, namespace, sd("llm"))
+    create(admin, namespace, specdeployment("llm"))
     apps = client.AppsV1Api(admin)
-    wait_until("the Deployment", lambda: _get(apps.read_namespaced_deployment, "llm", namespace))
+    wait_until(
+        "the Deployment", lambda: get_or_none(apps.read_namespaced_deployment, "llm", namespace)
+    )
     client.CustomObjectsApi(admin).delete_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "llm"
     )
     wait_until(
         "the Deployment garbage-collected",
-        lambda: _get(apps.read_namespaced_deployment, "llm", namespace) is None,
+        lambda: get_or_none(apps.read_namespaced_deployment, "llm", namespace) is None,
         timeout=120,
     )
     wait_until(
         "the ConfigMap garbage-collected",
         lambda: (
-            _get(client.CoreV1Api(admin).read_namespaced_config_map, "llm-engine-config", namespace)
+            get_or_none(
+                client.CoreV1Api(admin).read_namespaced_config_map, "llm-engine-config", namespace
+            )
             is None
         ),
     )
@@ -185,32 +152,15 @@ def test_delete_garbage_collects_children(admin, operator, namespace) -> None:
 )
 def test_invalid_specdeployments_are_rejected(admin, namespace, spec: dict, message: str) -> None:
     with pytest.raises(ApiException) as err:
-        create(admin, namespace, sd("bad", **spec))
+        create(admin, namespace, specdeployment("bad", **spec))
     assert err.value.status == 422
     assert message in json.loads(err.value.body)["message"]
-
-
-def test_the_example_becomes_ready(cluster, admin, operator, namespace) -> None:
-    kubectl(cluster, "apply", "-n", namespace, "-f", str(REPO / "examples" / "specdeployment.yaml"))
-
-    def ready() -> bool:
-        status = get_sd(admin, namespace, "tiny").get("status", {})
-        return any(
-            c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
-        )
-
-    wait_until("the example to be Ready", ready, timeout=180)
-    pods = ready_pods(admin, namespace, "tiny")
-    assert len(pods) == 2
-    assert {p.spec.node_name for p in pods} <= {"gpu-h100-0", "gpu-h100-1"}  # its nodeSelector
-    assert_engines_serve(pods, "tiny-target", 8)
-    assert all(engine_get(p, "/admin/speculation")["method"] == "draft" for p in pods)
 
 
 def test_engines_that_cannot_start_keep_the_specdeployment_not_ready(
     cluster, admin, operator, namespace
 ) -> None:
-    create(admin, namespace, sd("broken", model={"name": "/models/does-not-exist"}))
+    create(admin, namespace, specdeployment("broken", model={"name": "/models/does-not-exist"}))
     core = client.CoreV1Api(admin)
 
     def refused() -> list[Any] | None:
@@ -251,7 +201,7 @@ def test_start_settings_roll_the_pods_and_the_threshold_does_not(
     cluster, admin, operator, namespace
 ) -> None:
     custom, apps = client.CustomObjectsApi(admin), client.AppsV1Api(admin)
-    create(admin, namespace, sd("llm"))
+    create(admin, namespace, specdeployment("llm"))
     first = wait_until(
         "2 ready engines", lambda: all_ready(admin, namespace, "llm", 2), timeout=180
     )
@@ -301,19 +251,18 @@ def test_start_settings_roll_the_pods_and_the_threshold_does_not(
 
 def test_the_log_is_quiet_about_resyncs(admin, operator, namespace) -> None:
     """kopf would log "Timer 'reconcile' succeeded." at INFO every 10 s per SpecDeployment."""
-    create(admin, namespace, sd("quiet", replicas=0))
+    create(admin, namespace, specdeployment("quiet", replicas=0))
     core = client.CoreV1Api(admin)
-    created = time.monotonic()
     wait_until(
         "the ConfigMap",
-        lambda: _get(core.read_namespaced_config_map, "quiet-engine-config", namespace),
+        lambda: get_or_none(core.read_namespaced_config_map, "quiet-engine-config", namespace),
     )
-    core.delete_namespaced_config_map("quiet-engine-config", namespace)
-    wait_until(  # only the resync timer brings it back: it has run
-        "the ConfigMap recreated",
-        lambda: _get(core.read_namespaced_config_map, "quiet-engine-config", namespace),
-    )
-    time.sleep(max(0.0, 25 - (time.monotonic() - created)))
+    for tick in ("a resync", "a second resync"):  # only the resync timer brings it back
+        core.delete_namespaced_config_map("quiet-engine-config", namespace)
+        wait_until(
+            f"the ConfigMap recreated by {tick}",
+            lambda: get_or_none(core.read_namespaced_config_map, "quiet-engine-config", namespace),
+        )
     log = operator.read_text()
     assert "Creation is processed" in log  # kopf's other INFO lines are still there
     successes = re.findall(r"^.* INFO kopf\.objects: .*succeeded\.$", log, re.MULTILINE)
@@ -324,11 +273,11 @@ def test_pod_monitor_is_rendered_when_the_prometheus_operator_crd_exists(
     cluster, admin, operator, namespace
 ) -> None:
     kubectl(cluster, "apply", "--server-side", "-f", str(POD_MONITOR_CRD))
-    create(admin, namespace, sd("llm"))
+    create(admin, namespace, specdeployment("llm"))
     custom = client.CustomObjectsApi(admin)
     wait_until(
         "the PodMonitor",
-        lambda: _get(
+        lambda: get_or_none(
             lambda n, ns: custom.get_namespaced_custom_object(
                 "monitoring.coreos.com", "v1", ns, "podmonitors", n
             ),

@@ -9,27 +9,17 @@ replica neither runs a handler (its DEBUG log names every handler run) nor posts
 from __future__ import annotations
 
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
 
-from tests.cluster.support import wait_until
+from spectune.operator.launch import OperatorProcess
+from spectune.operator.models import GROUP, PLURAL, VERSION
+from tests.support.waiting import wait_until
 
-from .conftest import (
-    GROUP,
-    PLURAL,
-    RULES,
-    VERSION,
-    _get,
-    create,
-    get_sd,
-    sd,
-    start_operator,
-    stop,
-)
+from .support import RULES, create, get_or_none, get_sd, specdeployment, start_operator
 
 pytestmark = pytest.mark.cluster
 RESUMED = "Resuming operations"
@@ -37,9 +27,9 @@ HANDLER = "'reconcile'"  # kopf names the handler in every line about running it
 TICK = "Timer 'reconcile' succeeded"
 
 
-def instance(process: subprocess.Popen) -> str:
+def instance(operator: OperatorProcess) -> str:
     """The reportingInstance of the Events a replica posts (see handlers.reporting_instance)."""
-    return f"{socket.gethostname()}-{process.pid}"
+    return f"{socket.gethostname()}-{operator.process.pid}"
 
 
 def text(log: Path) -> str:
@@ -58,16 +48,19 @@ def test_second_operator_stays_passive_until_the_first_goes(
     cluster, admin, tmp_path, namespace
 ) -> None:
     rules = yaml.safe_load(RULES.read_text())
-    first, first_log = start_operator(cluster, admin, tmp_path, rules, 100, "DEBUG")
+    first = start_operator(cluster, admin, tmp_path, rules, 100, "DEBUG")
+    first_log = first.log
     wait_until("the first operator to be active", lambda: RESUMED in text(first_log))
-    second, second_log = start_operator(cluster, admin, tmp_path, rules, 10, "DEBUG")
+    second = start_operator(cluster, admin, tmp_path, rules, 10, "DEBUG")
+    second_log = second.log
     try:
         # It starts paused (peering is mandatory) and stays so once it sees the first.
         wait_until("the second operator to join the peering", lambda: has_peer(admin, 10))
-        create(admin, namespace, sd("llm", replicas=0))  # no engines: the operators are tested
+        # no engines: the operators are tested
+        create(admin, namespace, specdeployment("llm", replicas=0))
         apps, core = client.AppsV1Api(admin), client.CoreV1Api(admin)
         wait_until(
-            "the Deployment", lambda: _get(apps.read_namespaced_deployment, "llm", namespace)
+            "the Deployment", lambda: get_or_none(apps.read_namespaced_deployment, "llm", namespace)
         )
 
         # A change, reconciled by the first replica from start to end, then two resync ticks.
@@ -96,9 +89,9 @@ def test_second_operator_stays_passive_until_the_first_goes(
         }
         assert posters == {instance(first)}, posters
 
-        stop(first)
+        first.stop()
         wait_until("the second operator to take over", lambda: RESUMED in text(second_log))
         wait_until("the second operator's handlers", lambda: TICK in text(second_log))
     finally:
-        stop(first)
-        stop(second)
+        first.stop()
+        second.stop()

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.cluster.support import wait_until
+from tests.support.waiting import wait_until
 
-from .conftest import RULES, _get, create, sd, start_operator, stop
+from .support import RULES, create, get_or_none, specdeployment, start_operator
 
 pytestmark = pytest.mark.cluster
 
@@ -20,13 +20,14 @@ def test_missing_permission_leaves_the_operator_unable_to_act(
 ) -> None:
     """Without `create deployments` the API server refuses the operator: RBAC is really on."""
     rules = [r for r in yaml.safe_load(RULES.read_text()) if r["resources"] != ["deployments"]]
-    process, log = start_operator(cluster, admin, tmp_path, rules, priority=100)
+    operator = start_operator(cluster, admin, tmp_path, rules, priority=100)
     try:
-        create(admin, namespace, sd("llm"))
+        create(admin, namespace, specdeployment("llm"))
         wait_until(
             "a forbidden error in the operator's log",
-            lambda: "forbidden" in log.read_text().lower(),
+            lambda: "forbidden" in operator.log.read_text().lower(),
         )
-        assert _get(client.AppsV1Api(admin).read_namespaced_deployment, "llm", namespace) is None
+        apps = client.AppsV1Api(admin)
+        assert get_or_none(apps.read_namespaced_deployment, "llm", namespace) is None
     finally:
-        stop(process)
+        operator.stop()

@@ -30,7 +30,8 @@ from spectune.operator.prometheus import (
     bucket_quantile,
 )
 from spectune.operator.triggers import Traffic
-from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback, wait_until
+from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback
+from tests.support.waiting import wait_until
 
 PORT = 8000
 INSTANCE = "reader-test"

@@ -4,16 +4,16 @@ iterations, as the step metrics show; every contract metric is exposed."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import time
 
 import httpx
 import pytest
 import yaml
 
 from spectune.engine import contract
+from tests.support.waiting import wait_until
 
-from .conftest import Served
 from .metrics_text import parse, total
+from .support import Served
 
 BODY = {
     "model": "tiny-target",
@@ -40,10 +40,12 @@ def counters(server: Served) -> dict[str, float]:
 
 
 def wait_for_threshold(server: Served, value: int | None, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while server.get("/admin/speculation").json()["threshold"] != value:
-        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
-        time.sleep(0.2)
+    wait_until(
+        f"threshold {value} (log: {server.log})",
+        lambda: server.get("/admin/speculation").json()["threshold"] == value,
+        timeout,
+        0.2,
+    )
 
 
 def test_every_contract_metric_is_exposed(server: Served) -> None:
@@ -165,10 +167,9 @@ def test_an_abandoned_request_counts_as_error_and_stops(server: Served, stream: 
     else:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up before the answer
             httpx.post(url, json=body, timeout=httpx.Timeout(60, read=0.05))
-    deadline = time.monotonic() + 15
-    while outcomes()[0] < errors + 1:
-        assert time.monotonic() < deadline, "the abandoned request was not counted as error"
-        time.sleep(0.1)
+    wait_until(
+        "the abandoned request counted as error", lambda: outcomes()[0] >= errors + 1, 15, 0.1
+    )
     assert outcomes() == (errors + 1, oks, invalid, prompts)  # its prompt is not counted
     assert server.get("/admin/speculation").json()["running"] == 0  # and no longer runs
 
@@ -202,11 +203,16 @@ def test_config_file_change_applies_and_an_invalid_file_is_rejected(server: Serv
         and after["plain_tokens"] > before["plain_tokens"]
     )
 
+    rejected = server.log.read_text().count("config file change rejected")
     config["speculation"]["threshold"] = -5
     server.config.write_text(yaml.safe_dump(config))
-    time.sleep(2.5)  # two polls
+    wait_until(
+        "the invalid file rejected",
+        lambda: server.log.read_text().count("config file change rejected") > rejected,
+        10,
+        0.2,
+    )
     assert server.get("/admin/speculation").json()["threshold"] == 0
-    assert "config file change rejected" in server.log.read_text()
 
     config["speculation"]["threshold"] = None
     server.config.write_text(yaml.safe_dump(config))

@@ -9,8 +9,8 @@ import pytest
 
 from spectune.engine import contract
 
-from .conftest import Served
 from .metrics_text import parse, total
+from .support import Served
 
 OK = {"model": "tiny-target", "prompt": "x = ", "max_tokens": 4}
 

@@ -20,8 +20,8 @@ from schemathesis.checks import not_a_server_error
 
 from spectune.engine import contract
 
-from .conftest import TOKEN, Served
 from .metrics_text import parse, total
+from .support import TOKEN, Served
 
 EXAMPLES_PER_OPERATION = 40
 LONE_SURROGATE = st.characters(categories=["Cs"])

@@ -7,7 +7,7 @@ import time
 import pytest
 from openai import OpenAI
 
-from .conftest import Served
+from .support import Served
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 
 from spectune.engine import contract
 
-from .conftest import Served, start_server, stop_server
 from .metrics_text import parse, total
+from .support import Served, start_server, stop_server
 
 MAX_BATCH, MAX_QUEUE = 4, 4
 CLIENTS = 5 * (MAX_BATCH + MAX_QUEUE)

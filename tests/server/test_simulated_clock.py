@@ -10,8 +10,8 @@ import httpx
 
 from spectune.engine import contract
 
-from .conftest import start_server, stop_server
 from .metrics_text import parse, total
+from .support import start_server, stop_server
 
 REQUESTS = 4
 BODY = {"model": "tiny-target", "prompt": "def add(a, b):", "max_tokens": 32, "ignore_eos": True}

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import TOKEN, free_port
+from .support import TOKEN, free_port
 
 
 def test_serve_exits_with_the_reason_when_its_model_is_missing(tmp_path: Path) -> None:

@@ -1,0 +1,445 @@
+"""Auto end to end through what happens to a fleet, on one deployment calibrated once: the
+operator (its own ServiceAccount, the chart's RBAC) reads a real Prometheus, raises exploration
+on the real engines behind the pods, measures the crossover from their live traffic and moves
+every engine's threshold there through the admin API and the ConfigMap; then the replicas
+change, the operator is killed mid-calibration, the pods move to another GPU SKU, and the
+Prometheus it reads stops mid-calibration and starts again. First, on deployments of their
+own, the modes it must not act in (Advisory recommends only, Manual is never touched).
+
+The tests share the deployment and its load, in this order: each starts from "calibrated, no
+calibration running" (the `calibrated` fixture) and says what it leaves. The Prometheus here is
+a second real one with the local cluster's scrape configuration, so that stopping it leaves the
+cluster's own to every other test. The pods ask for simulated GPUs (podAnnotations:
+spectune.io/simulate-gpu). Traffic is bounded (clients, requests and time) and goes to loopback
+pod IPs only."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from spectune.engine import contract
+from spectune.operator import render
+from spectune.operator.launch import OperatorProcess
+from spectune.operator.models import GROUP, PLURAL, VERSION
+from spectune.operator.triggers import bucket_steps
+from tests.cluster.support import LOCAL, Cluster
+from tests.support.waiting import wait_until
+
+from .e2e import Load, calibration_started, events, simulated, speculation, urls
+from .support import (
+    A100,
+    AUTO,
+    H100,
+    RULES,
+    START,
+    all_ready,
+    create,
+    delete_specdeployments,
+    get_sd,
+    patch_sd,
+    sd_condition,
+    specdeployment,
+    start_operator,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+BASE_EXPLORATION = 0.02  # tuning.explorationPercent's default, as a share
+PRIORITY = 171
+NAME = "tuned"
+# the shared deployment's load: the module's tests take some 15 minutes at most
+FLEET_SECONDS, FLEET_REQUESTS = 1500, 20000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OwnPrometheus:
+    """A real Prometheus scraping the cluster's pods, which a test may stop and start again."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.data, self.port = tmp / "data", free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+        self.log = tmp / "prometheus.log"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                str(LOCAL / "bin" / "prometheus"),
+                "--config.file", str(LOCAL / "state" / "prometheus" / "prometheus.yml"),
+                "--storage.tsdb.path", str(self.data),
+                "--web.listen-address", f"127.0.0.1:{self.port}",
+                "--log.level", "warn",
+            ],
+            stdout=self.log.open("a"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        wait_until("our Prometheus ready", lambda: opener.open(f"{self.url}/-/ready", timeout=2))
+
+    def stop(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(30)
+
+
+class Operator:
+    """An operator watching one namespace, reading `prometheus_url`, that a test may kill
+    (SIGKILL) and start again."""
+
+    def __init__(
+        self, cluster: Cluster, admin: client.ApiClient, tmp: Path, namespace: str, url: str
+    ) -> None:
+        self.peering = f"lifecycle-{uuid.uuid4().hex[:6]}"
+        self.args = (cluster, admin, tmp, yaml.safe_load(RULES.read_text()))
+        self.extra = ["--namespace", namespace, "--peering", self.peering,
+                      "--prometheus-url", url]  # fmt: skip
+        self.runs: list[OperatorProcess] = []
+
+    def start(self) -> None:
+        self.runs.append(start_operator(*self.args, priority=PRIORITY, extra=self.extra))
+
+    def kill(self) -> None:
+        self.runs[-1].kill()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory) -> Iterator[OwnPrometheus]:
+    own = OwnPrometheus(tmp_path_factory.mktemp("prometheus"))
+    own.start()
+    yield own
+    if own.process and own.process.poll() is None:
+        own.stop()
+
+
+@pytest.fixture(scope="module")
+def watched(
+    cluster: Cluster, admin: client.ApiClient, prometheus: OwnPrometheus, tmp_path_factory
+) -> Iterator[tuple[str, Operator]]:
+    namespace = f"lifecycle-{uuid.uuid4().hex[:8]}"
+    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    core.create_namespace({"metadata": {"name": namespace}})
+    operator = Operator(cluster, admin, tmp_path_factory.mktemp("op"), namespace, prometheus.url)
+    operator.start()  # it makes its peering
+    yield namespace, operator
+    try:
+        delete_specdeployments(admin, namespace)
+    finally:
+        operator.runs[-1].stop()
+    for run in operator.runs:
+        print(f"--- {run.log.name}\n{run.log.read_text()[-2500:]}")
+    core.delete_namespace(namespace)
+    custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", operator.peering)
+
+
+@dataclass
+class Fleet:
+    """The shared Auto deployment and the load on its engines."""
+
+    namespace: str
+    operator: Operator
+    load: Load
+    pods: list[Any] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        (url,) = urls(self.pods)
+        return url
+
+
+@pytest.fixture(scope="module")
+def fleet(admin: client.ApiClient, watched: tuple[str, Operator]) -> Iterator[Fleet]:
+    """One Auto deployment (one engine on a simulated H100, start threshold START) under eight
+    closed-loop clients for the rest of the module."""
+    namespace, operator = watched
+    create(admin, namespace, specdeployment(NAME, AUTO))
+    pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, NAME, 1), timeout=120)
+    with Load(urls(pods), seconds=FLEET_SECONDS, requests=FLEET_REQUESTS) as load:
+        yield Fleet(namespace, operator, load, pods)
+    assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
+
+
+@pytest.fixture
+def calibrated(admin: client.ApiClient, fleet: Fleet) -> Fleet:
+    """The shared deployment as every test but the first finds it: calibrated, no calibration
+    running, every desired engine ready and under the load."""
+    replicas = get_sd(admin, fleet.namespace, NAME)["spec"]["replicas"]
+
+    def settled() -> list[Any] | None:
+        done = sd_condition(admin, fleet.namespace, NAME, "Calibrated").get("status") == "True"
+        idle = calibration_phase(admin, fleet.namespace, NAME) == "Idle"
+        return (done and idle and all_ready(admin, fleet.namespace, NAME, replicas)) or None
+
+    fleet.pods = wait_until("calibrated and idle", settled, timeout=180)
+    fleet.load.retarget(urls(fleet.pods))
+    return fleet
+
+
+def calibration_phase(admin: client.ApiClient, namespace: str, name: str) -> str | None:
+    return ((get_sd(admin, namespace, name).get("status") or {}).get("calibration") or {}).get(
+        "phase"
+    )
+
+
+def exploring(url: str) -> bool | None:
+    return speculation(url)["exploration"] > 0.2 or None
+
+
+def at_base(url: str) -> bool | None:
+    return speculation(url)["exploration"] == pytest.approx(BASE_EXPLORATION) or None
+
+
+def finished_after(
+    admin: client.ApiClient, namespace: str, name: str, since: str
+) -> dict[str, Any] | None:
+    """The calibration status once a calibration started after `since` left Exploring."""
+    cal = (get_sd(admin, namespace, name).get("status") or {}).get("calibration") or {}
+    started = cal.get("startedAt")
+    done = cal.get("phase") in ("Verifying", "Idle") and started and _t(started) > _t(since)
+    return cal if done else None
+
+
+def _t(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def scale(admin: client.ApiClient, namespace: str, replicas: int) -> None:
+    client.CustomObjectsApi(admin).patch_namespaced_custom_object_scale(
+        GROUP, VERSION, namespace, PLURAL, NAME, {"spec": {"replicas": replicas}}
+    )
+
+
+def test_advisory_recommends_without_touching_engines_and_manual_is_left_alone(
+    admin: client.ApiClient, watched: tuple[str, Operator]
+) -> None:
+    """Deployments of their own, before the shared one exists (so no other load runs)."""
+    namespace, _ = watched
+    advisory = specdeployment("advisory", AUTO)
+    advisory["spec"]["speculation"]["threshold"]["mode"] = "Advisory"
+    manual = specdeployment("manual", AUTO)
+    manual["spec"]["speculation"]["threshold"] = {"mode": "Manual", "value": 6}
+    for body in (advisory, manual):
+        create(admin, namespace, body)
+    ready = {
+        n: wait_until(f"{n} ready", lambda n=n: all_ready(admin, namespace, n, 1), timeout=120)
+        for n in ("advisory", "manual")
+    }
+    (advisory_url,), (manual_url,) = urls(ready["advisory"]), urls(ready["manual"])
+    with Load([advisory_url, manual_url]) as load:
+        wait_until("the Advisory engine exploring", lambda: exploring(advisory_url), timeout=90)
+        assert at_base(manual_url)  # no calibration reaches a Manual deployment
+        recommended = wait_until(
+            "a recommendation",
+            lambda: (
+                (c := sd_condition(admin, namespace, "advisory", "Calibrated")).get("reason")
+                == "Recommended"
+                and c
+            ),
+            timeout=150,
+        )
+        assert recommended["status"] == "True"
+        status = get_sd(admin, namespace, "advisory")["status"]
+        assert status["threshold"]["current"] == START
+        assert status["threshold"]["recommended"] is not None
+        assert status["threshold"]["source"] != "Measured"
+        reasons = [e.reason for e in events(admin, namespace, "advisory")]
+        assert "ThresholdRecommended" in reasons and "ThresholdChanged" not in reasons
+        wait_until("Advisory exploration back at its base", lambda: at_base(advisory_url), 30)
+        assert speculation(advisory_url)["threshold"] == START
+    live = speculation(manual_url)
+    assert live["threshold"] == 6 and live["exploration"] == pytest.approx(BASE_EXPLORATION)
+    manual_status = get_sd(admin, namespace, "manual")["status"]
+    assert manual_status["threshold"]["current"] == 6
+    assert not {"CalibrationStarted", "ThresholdChanged"} & {
+        e.reason for e in events(admin, namespace, "manual")
+    }
+    assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
+    custom = client.CustomObjectsApi(admin)
+    for name in ("advisory", "manual"):  # their engines leave the CPU to the shared deployment
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def test_auto_measures_the_crossover_and_every_engine_runs_it(
+    cluster: Cluster, admin: client.ApiClient, fleet: Fleet
+) -> None:
+    """The first calibration: exploration raised on the engine, the crossover measured, the
+    threshold moved there, exploration lowered, and the engine,
+    the ConfigMap and the engine's own metric all carry the threshold in status. Leaves the
+    deployment calibrated, perhaps still verifying."""
+    namespace = fleet.namespace
+    wait_until("exploration raised on the engine", lambda: exploring(fleet.url) or None, timeout=60)
+    wait_until(
+        "Calibrated=True",
+        lambda: sd_condition(admin, namespace, NAME, "Calibrated").get("status") == "True",
+        timeout=120,
+    )
+    status = get_sd(admin, namespace, NAME)["status"]
+    (h100,) = status["perSku"]
+    threshold = status["threshold"]
+    # START lies far below any crossover the engine can show: the estimate is past the dead
+    # band, and the threshold moves there
+    assert bucket_steps(START, threshold["recommended"]) > 1, threshold
+    assert threshold["current"] == threshold["recommended"], threshold
+    assert threshold["source"] == "Measured"
+    assert h100["sku"] == H100 and h100["threshold"] == threshold["current"] and h100["reason"]
+    assert h100["curve"] and status["crossover"]["curve"] == h100["curve"]
+    assert status["crossover"]["sku"] == h100["sku"]
+    reasons = [e.reason for e in events(admin, namespace, NAME)]
+    assert "CalibrationStarted" in reasons and "ThresholdChanged" in reasons
+    # the engine runs it, with exploration back at its base
+    live = speculation(fleet.url)
+    assert live["threshold"] == threshold["current"]
+    assert live["exploration"] == pytest.approx(BASE_EXPLORATION)
+    config = client.CoreV1Api(admin).read_namespaced_config_map(
+        render.child_names(NAME)["config"], namespace
+    )
+    engine_yaml = yaml.safe_load(config.data[render.CONFIG_FILE])
+    assert engine_yaml["speculation"]["threshold"] == threshold["current"]
+
+    def scraped() -> bool | None:
+        query = f'{contract.SPEC_THRESHOLD}{{namespace="{namespace}"}}'
+        result = cluster.prometheus("/api/v1/query", query=query)["result"]
+        return (
+            bool(result) and all(float(r["value"][1]) == threshold["current"] for r in result)
+        ) or None
+
+    wait_until("spectune_spec_threshold = status.threshold.current", scraped, timeout=30)
+    print(f"\nsimulated={simulated(cluster, namespace)}: start {START} -> {threshold}, {h100}")
+
+
+def test_a_replica_change_recalibrates(admin: client.ApiClient, calibrated: Fleet) -> None:
+    """Leaves two replicas, a calibration started for them."""
+    namespace = calibrated.namespace
+    scale(admin, namespace, 2)
+    two = wait_until("2 ready engines", lambda: all_ready(admin, namespace, NAME, 2), 120)
+    calibrated.load.retarget(urls(two))
+    message = wait_until(
+        "a calibration naming the replica change",
+        lambda: calibration_started(admin, namespace, NAME, "replicas changed from 1 to 2"),
+        120,
+    )
+    print(f"\nreplica trigger: {message}")
+
+
+def test_a_killed_operator_resumes_the_calibration_and_leaves_no_engine_exploring(
+    admin: client.ApiClient, calibrated: Fleet
+) -> None:
+    """Back to one replica (another calibration), and the operator SIGKILLed while it explores:
+    the phase lives in status, so the next operator resumes and finishes it."""
+    namespace, operator = calibrated.namespace, calibrated.operator
+    scale(admin, namespace, 1)
+    calibrated.pods = wait_until(
+        "1 ready engine", lambda: all_ready(admin, namespace, NAME, 1), timeout=120
+    )
+    calibrated.load.retarget(urls(calibrated.pods))
+    url = calibrated.url
+
+    # the operator raises exploration on the engines before it writes the phase to status
+    # (kopf patches status after the handler): the engine alone may explore for a moment
+    def calibrating() -> bool | None:
+        phase = calibration_phase(admin, namespace, NAME)
+        return (exploring(url) and phase == "Exploring") or None
+
+    wait_until("exploration raised, and Exploring in status", calibrating, timeout=120)
+    assert calibration_started(admin, namespace, NAME, "replicas changed from 2 to 1")
+    operator.kill()
+    try:
+        phase = calibration_phase(admin, namespace, NAME)
+    finally:
+        operator.start()  # the module's next test needs it whatever happened here
+    assert phase == "Exploring", phase
+    wait_until(
+        "the restarted operator finishing the calibration",
+        lambda: calibration_phase(admin, namespace, NAME) in ("Verifying", "Idle") or None,
+        timeout=120,
+    )
+    assert sd_condition(admin, namespace, NAME, "Calibrated")["status"] == "True"
+    wait_until("exploration back at its base after the restart", lambda: at_base(url), 30)
+
+
+def test_a_gpu_sku_change_recalibrates_on_the_new_sku(
+    admin: client.ApiClient, calibrated: Fleet
+) -> None:
+    """The pods move from H100 to A100 nodes (a nodeSelector edit, as a migration would): the
+    engines' `device` label changes, the operator says so and measures the A100's curve, and
+    keeps the H100's. Leaves the engine on the A100, calibrated there."""
+    namespace = calibrated.namespace
+    patch_sd(admin, namespace, NAME, {"engine": {"nodeSelector": {"nvidia.com/gpu.product": A100}}})
+
+    def moved() -> list[Any] | None:
+        ready = all_ready(admin, namespace, NAME, 1)
+        return ready if ready and ready[0].spec.node_name.startswith("gpu-a100") else None
+
+    calibrated.pods = wait_until("the engine on the A100 node", moved, timeout=120)
+    calibrated.load.retarget(urls(calibrated.pods))
+    message = wait_until(
+        "a calibration naming the SKU change",
+        lambda: calibration_started(admin, namespace, NAME, "GPU SKUs changed"),
+        150,
+    )
+    assert f"from {H100} to" in message and A100 in message, message
+
+    def calibrated_on_a100() -> dict[str, Any] | None:
+        status = get_sd(admin, namespace, NAME).get("status") or {}
+        done = sd_condition(admin, namespace, NAME, "Calibrated").get("status") == "True"
+        return next((s for s in status.get("perSku") or [] if s["sku"] == A100 and done), None)
+
+    a100 = wait_until("calibrated on the A100", calibrated_on_a100, timeout=150)
+    assert a100["reason"] and a100["pods"] == 1
+    print(f"\nSKU trigger: {message}; {a100}")
+
+
+def test_a_stopped_prometheus_leaves_no_engine_exploring_and_recovers(
+    admin: client.ApiClient, prometheus: OwnPrometheus, calibrated: Fleet
+) -> None:
+    """Prometheus stopped while a re-check (the measurement's maximum age, a minute) explores:
+    Degraded, the threshold kept, exploration lowered on the engine; started again, the
+    operator recovers by itself and calibrates again."""
+    namespace, url = calibrated.namespace, calibrated.url
+    patch_sd(admin, namespace, NAME, {"tuning": {"maxAgeSeconds": 60}})
+    threshold = speculation(url)["threshold"]
+    wait_until("exploring again", lambda: exploring(url), timeout=150)
+    prometheus.stop()
+    degraded = wait_until(
+        "Degraded=True (Prometheus unavailable)",
+        lambda: (
+            (c := sd_condition(admin, namespace, NAME, "Degraded")).get("status") == "True" and c
+        ),
+        timeout=60,
+    )
+    assert degraded["reason"] == "PrometheusUnavailable", degraded
+    wait_until("exploration lowered without Prometheus", lambda: at_base(url), 30)
+    assert speculation(url)["threshold"] == threshold
+    status = get_sd(admin, namespace, NAME)["status"]
+    assert status["threshold"]["current"] == threshold
+    assert "CalibrationAborted" in [e.reason for e in events(admin, namespace, NAME)]
+
+    prometheus.start()
+    wait_until(
+        "Degraded=False again",
+        lambda: sd_condition(admin, namespace, NAME, "Degraded").get("status") == "False",
+        timeout=60,
+    )
+    recalibrated = wait_until(
+        "a calibration completed after Prometheus came back",
+        lambda: finished_after(admin, namespace, NAME, degraded["lastTransitionTime"]),
+        timeout=180,
+    )
+    print(f"\nrecovered: {recalibrated}")
+    wait_until("exploration at its base", lambda: at_base(url), 30)
