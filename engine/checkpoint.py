@@ -36,16 +36,25 @@ class Checkpoint:
     eos_token_ids: frozenset[int]
     name: str
     path: Path
-    chat_template: str | None = None
+    chat_template: str | None = None  # None: chat uses the documented fallback rendering
+    eos_token: str = ""  # the text chat templates get as `eos_token`
 
 
-def _chat_template(path: Path) -> str | None:
+def _chat_template(tokenizer_config: dict) -> str | None:
     """tokenizer_config.json's template: a string, or a list of named ones ("default")."""
-    template = _read_json(path / "tokenizer_config.json").get("chat_template")
+    template = tokenizer_config.get("chat_template")
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template}
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     return template if isinstance(template, str) else None
+
+
+def _eos_token(tokenizer_config: dict) -> str:
+    """tokenizer_config.json's eos_token: a string, or an AddedToken dict ("content")."""
+    token = tokenizer_config.get("eos_token")
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else ""
 
 
 def _read_json(path: Path) -> dict:
@@ -115,7 +124,9 @@ def _to_hf_names(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(path: Path, name: str, device: torch.device, dtype: torch.dtype) -> Checkpoint:
-    """Load an HF-format Llama/Qwen2 checkpoint directory onto `device` in `dtype`."""
+    """Load an HF-format Llama/Qwen2 checkpoint directory onto `device` in `dtype`, with the
+    chat template and EOS text of its tokenizer_config.json, so that chat requests render
+    the way the model was trained to read them (transformers' apply_chat_template)."""
     if not (path / "config.json").is_file():
         raise ModelNotFound(f"model {name!r}: no config.json in {path}")
     if not (path / "tokenizer.json").is_file():
@@ -130,8 +141,15 @@ def load_checkpoint(path: Path, name: str, device: torch.device, dtype: torch.dt
     model.inv_freq = rope_inv_freq(cfg)  # the buffer was left on the meta device
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     model.inv_freq = rope_inv_freq(cfg).to(device)  # kept in float32 whatever the dtype
+    tokenizer_config = _read_json(path / "tokenizer_config.json")
     return Checkpoint(
-        model, Tokenizer.from_file(str(path / "tokenizer.json")), _eos_ids(path), name, path
+        model,
+        Tokenizer.from_file(str(path / "tokenizer.json")),
+        _eos_ids(path),
+        name,
+        path,
+        chat_template=_chat_template(tokenizer_config),
+        eos_token=_eos_token(tokenizer_config),
     )
 
 

@@ -517,7 +517,7 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
         engine = server.engine_loop().engine
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            prompt = render_chat(engine.target.chat_template, messages)
+            prompt = render_chat(engine.target.chat_template, messages, engine.target.eos_token)
         except TemplateError as err:
             raise ApiError(400, str(err), param="messages") from err
         started = await server.start_requests(

@@ -17,8 +17,20 @@ class TemplateError(ValueError):
     """The chat template failed to render these messages."""
 
 
+def _raise_exception(message: str) -> None:
+    """What HF chat templates call to refuse messages (e.g. roles that do not alternate)."""
+    raise TemplateError(f"chat template refused the messages: {message}")
+
+
 def render_chat(template: str | None, messages: list[dict[str, str]], eos_token: str = "") -> str:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    """`messages` through the checkpoint's chat template (None: DEFAULT_CHAT_TEMPLATE), with
+    the variables transformers' apply_chat_template gives. `bos_token` is empty: the prompt
+    is encoded like a completion's, and the tokenizer adds its BOS where it has one, which a
+    BOS from the template would double."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = _raise_exception
     try:
         return env.from_string(template or DEFAULT_CHAT_TEMPLATE).render(
             messages=messages, add_generation_prompt=True, bos_token="", eos_token=eos_token
