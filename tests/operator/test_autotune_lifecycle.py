@@ -3,8 +3,9 @@ operator (its own ServiceAccount, the chart's RBAC) reads a real Prometheus, rai
 on the real engines behind the pods, measures the crossover from their live traffic and moves
 every engine's threshold there through the admin API and the ConfigMap; then the replicas
 change, the operator is killed mid-calibration, the pods move to another GPU SKU, and the
-Prometheus it reads stops mid-calibration and starts again. First, on deployments of their
-own, the modes it must not act in (Advisory recommends only, Manual is never touched).
+Prometheus it reads stops mid-calibration and starts again. Beside its first calibration, on
+deployments of their own, the modes it must not act in (Advisory recommends only, Manual is
+never touched).
 
 The tests share the deployment and its load, in this order: each starts from "calibrated, no
 calibration running" (the `calibrated` fixture) and says what it leaves. The Prometheus here is
@@ -62,6 +63,8 @@ PRIORITY = 171
 NAME = "tuned"
 # the shared deployment's load: the module's tests take some 15 minutes at most
 FLEET_SECONDS, FLEET_REQUESTS = 1500, 20000
+# its calibration windows: each of its six calibrations explores and is verified within one
+FLEET_WINDOW = 20
 
 
 def free_port() -> int:
@@ -165,10 +168,12 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(admin: client.ApiClient, watched: tuple[str, Operator]) -> Iterator[Fleet]:
-    """One Auto deployment (one engine on a simulated H100, start threshold START) under eight
-    closed-loop clients for the rest of the module."""
+    """One Auto deployment (one engine on a simulated H100, start threshold START, 20 s
+    calibration windows) under eight closed-loop clients for the rest of the module."""
     namespace, operator = watched
-    create(admin, namespace, specdeployment(NAME, AUTO))
+    body = specdeployment(NAME, AUTO)
+    body["spec"]["tuning"]["calibrationWindowSeconds"] = FLEET_WINDOW
+    create(admin, namespace, body)
     pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, NAME, 1), timeout=120)
     with Load(urls(pods), seconds=FLEET_SECONDS, requests=FLEET_REQUESTS) as load:
         yield Fleet(namespace, operator, load, pods)
@@ -226,10 +231,10 @@ def scale(admin: client.ApiClient, namespace: str, replicas: int) -> None:
 
 
 def test_advisory_recommends_without_touching_engines_and_manual_is_left_alone(
-    admin: client.ApiClient, watched: tuple[str, Operator]
+    admin: client.ApiClient, fleet: Fleet
 ) -> None:
-    """Deployments of their own, before the shared one exists (so no other load runs)."""
-    namespace, _ = watched
+    """Deployments of their own, while the shared one makes its first calibration."""
+    namespace = fleet.namespace
     advisory = specdeployment("advisory", AUTO)
     advisory["spec"]["speculation"]["threshold"]["mode"] = "Advisory"
     manual = specdeployment("manual", AUTO)
@@ -278,12 +283,11 @@ def test_advisory_recommends_without_touching_engines_and_manual_is_left_alone(
 def test_auto_measures_the_crossover_and_every_engine_runs_it(
     cluster: Cluster, admin: client.ApiClient, fleet: Fleet
 ) -> None:
-    """The first calibration: exploration raised on the engine, the crossover measured, the
-    threshold moved there, exploration lowered, and the engine,
-    the ConfigMap and the engine's own metric all carry the threshold in status. Leaves the
-    deployment calibrated, perhaps still verifying."""
+    """The first calibration (made while the Advisory test ran; the later tests watch the
+    engines' exploration raised): the crossover measured, the threshold moved there,
+    exploration lowered, and the engine, the ConfigMap and the engine's own metric all carry
+    the threshold in status. Leaves the deployment calibrated, perhaps still verifying."""
     namespace = fleet.namespace
-    wait_until("exploration raised on the engine", lambda: exploring(fleet.url) or None, timeout=60)
     wait_until(
         "Calibrated=True",
         lambda: sd_condition(admin, namespace, NAME, "Calibrated").get("status") == "True",
