@@ -36,9 +36,6 @@ class OperatorProcess:
         self.process.kill()
         self.process.wait(10)
 
-    def running(self) -> bool:
-        return self.process.poll() is None
-
 
 def launch(
     kubeconfig: Path | str,

@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -27,8 +27,6 @@ LOCAL = REPO / ".local"
 CLUSTER_SH = REPO / "hack" / "cluster.sh"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 ENGINE_LABEL = {"app.kubernetes.io/name": "spectune-engine"}
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ pod IPs only."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import urllib.request
 import uuid
@@ -37,6 +36,7 @@ from spectune.operator.launch import OperatorProcess
 from spectune.operator.models import GROUP, PLURAL, VERSION
 from spectune.operator.triggers import bucket_steps
 from tests.cluster.support import LOCAL, Cluster
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 from .e2e import Load, calibration_started, events, simulated, speculation, urls
@@ -65,12 +65,6 @@ NAME = "tuned"
 FLEET_SECONDS, FLEET_REQUESTS = 1500, 20000
 # its calibration windows: each of its six calibrations explores and is verified within one
 FLEET_WINDOW = 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OwnPrometheus:

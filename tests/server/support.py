@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import yaml
+
+from tests.support.ports import free_port
 
 TOKEN = "test-admin-token-5f1c"
 
@@ -34,12 +35,6 @@ class Served:
     def put_admin(self, body: object, token: str | None = TOKEN) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.put(self.url + "/admin/speculation", json=body, headers=headers, timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(tmp: Path, config: dict, *flags: str) -> Served:

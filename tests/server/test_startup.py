@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .support import TOKEN, free_port
+from tests.support.ports import free_port
+
+from .support import TOKEN
 
 
 def test_serve_exits_with_the_reason_when_its_model_is_missing(tmp_path: Path) -> None:
