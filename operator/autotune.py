@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from spectune.engine.crossover import ModeStats, StatsByBucket
+from spectune.operator.damping import clamp, damp
 from spectune.operator.estimator import (
     Estimate,
     common_buckets,
@@ -31,25 +32,19 @@ from spectune.operator.models import (
     SpecDeploymentSpec,
     ThresholdStatus,
 )
-from spectune.operator.prometheus import FleetWindow
+from spectune.operator.observations import FleetWindow, Traffic, served
 from spectune.operator.triggers import (
     Reason,
     SpecKey,
-    Traffic,
     below_floor,
-    clamp,
-    compare_goodput,
-    damp,
     past_bound,
-    queueing_warning,
     replicas_changed,
-    same_mix_speedup,
-    served,
     skus_changed,
     spec_changed,
     too_old,
     traffic_shifted,
 )
+from spectune.operator.verification import compare_goodput, queueing_warning, same_mix_speedup
 
 # Exploration while calibrating: the mode the threshold hides gets half the iterations. Equal
 # shares compare two modes' means with the least variance for a given number of steps, and a

@@ -27,7 +27,7 @@ from urllib3.util.retry import Retry
 
 from spectune.engine import contract as c
 from spectune.engine.crossover import ModeStats, StatsByBucket
-from spectune.operator.triggers import Traffic
+from spectune.operator.observations import EngineInfo, FleetWindow, Traffic
 
 # (values of the grouping labels) -> pod -> value
 PerPod = dict[tuple[str, ...], dict[str, float]]
@@ -44,32 +44,6 @@ class LabelNames:
     namespace: str = "namespace"
     pod: str = "pod"
     instance: str = "app_kubernetes_io_instance"
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """One engine as its `spectune_engine_info` says; `device` is the SKU key."""
-
-    pod: str
-    device: str
-    model: str
-    draft: str
-    version: str
-    simulated: bool | None  # None: the engine does not say
-    age_seconds: float  # since the last scrape of its info series
-
-
-@dataclass(frozen=True)
-class FleetWindow:
-    """What one SpecDeployment's fresh engines did over a window."""
-
-    engines: Mapping[str, EngineInfo]  # pod -> info
-    steps: Mapping[str, StatsByBucket]  # device (SKU) -> (mode, bucket) -> sums
-    traffic: Traffic
-
-    @property
-    def skus(self) -> frozenset[str]:
-        return frozenset(e.device for e in self.engines.values())
 
 
 def _quote(value: str) -> str:

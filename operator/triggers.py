@@ -1,5 +1,6 @@
-"""When to re-measure the crossover, and how far to move the threshold: pure change detection
-and damping (DESIGN.md, "Re-measuring the crossover on live traffic").
+"""When to re-measure the crossover: pure change detection (DESIGN.md, "Re-measuring the
+crossover on live traffic"). How far to move the threshold is damping.py's; whether a move
+hurt, verification.py's.
 
 Each trigger compares what the last calibration saw with what is true now and returns a
 `Reason` a human can read (it goes into Events and status) or None. Unknown inputs (None, an
@@ -9,16 +10,16 @@ always a parameter, so every decision here is reproducible in a test.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Literal
 
-from spectune.engine.contract import BATCH_BUCKETS, batch_bucket
-from spectune.engine.crossover import ModeStats, StatsByBucket
+from spectune.engine.crossover import StatsByBucket
+from spectune.operator.damping import duration_text
 from spectune.operator.estimator import MIN_STEPS
 from spectune.operator.models import SpecDeploymentSpec
+from spectune.operator.observations import Traffic
 
 # Initial: nothing measured yet (a new SpecDeployment, or Manual switched to Auto).
 TriggerKind = Literal["Initial", "Replicas", "Sku", "Traffic", "MaxAge", "Spec"]
@@ -30,67 +31,6 @@ class Reason:
 
     kind: TriggerKind
     message: str
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """What the fleet's engines did over one window, summed over fresh pods. None is unknown
-    (no series), never zero; the properties are None whenever an input is."""
-
-    seconds: float
-    requests: float | None = None  # finished requests, every outcome
-    slo_met: float | None = None
-    ok_requests: float | None = None
-    rejected_requests: float | None = None  # refused: the admission queue was full
-    prompt_tokens: float | None = None  # of the successful requests
-    decode_tokens: float | None = None  # committed by decode iterations, both modes
-    drafted_tokens: float | None = None
-    accepted_tokens: float | None = None
-    mean_running: float | None = None  # running batch, averaged over time and pods
-    admitted_concurrency: float | None = None  # full-context sequences KV admits, all pods
-    e2e_p95_seconds: float | None = None  # end-to-end request latency, 95th percentile
-    inter_token_seconds: float | None = None  # summed gaps between streamed tokens
-    inter_tokens: float | None = None  # how many gaps
-
-    @property
-    def request_rate(self) -> float | None:
-        return None if self.requests is None else self.requests / self.seconds
-
-    @property
-    def judged_requests(self) -> float | None:
-        """Requests the engines answered or refused: not those a client abandoned (outcome
-        error, with engine failures) or sent invalid, which no threshold decides (a load
-        generator that stops clients mid-request made a tenth of a window's requests errors)."""
-        if self.ok_requests is None or self.rejected_requests is None:
-            return None
-        return self.ok_requests + self.rejected_requests
-
-    @property
-    def slo_met_share(self) -> float | None:
-        """Share of the judged requests within the SLO: goodput normalised for load."""
-        return _ratio(self.slo_met, self.judged_requests)
-
-    @property
-    def prompt_tokens_per_request(self) -> float | None:
-        """Mean prompt length of the successful requests: the context a sequence starts with."""
-        return _ratio(self.prompt_tokens, self.ok_requests)
-
-    @property
-    def tokens_per_request(self) -> float | None:
-        """Decode tokens per successful request: a stand-in for output length."""
-        return _ratio(self.decode_tokens, self.ok_requests)
-
-    @property
-    def acceptance(self) -> float | None:
-        return _ratio(self.accepted_tokens, self.drafted_tokens)
-
-    @property
-    def mean_inter_token_seconds(self) -> float | None:
-        return _ratio(self.inter_token_seconds, self.inter_tokens)
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None or den <= 0 else num / den
 
 
 # The traffic signals a shift is judged on: the crossover moves with each of them.
@@ -150,13 +90,8 @@ def too_old(measured_at: datetime, now: datetime, max_age: timedelta) -> Reason 
     if age < max_age:
         return None
     return Reason(
-        "MaxAge", f"last measured {_duration(age)} ago (maximum age {_duration(max_age)})"
+        "MaxAge", f"last measured {duration_text(age)} ago (maximum age {duration_text(max_age)})"
     )
-
-
-def _duration(d: timedelta) -> str:
-    s = int(d.total_seconds())
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def traffic_shifted(
@@ -242,210 +177,3 @@ def _share_of_steps(
     total = sum(s.steps for s in stats.values())
     picked = sum(s.steps for (_, bucket), s in stats.items() if where(bucket))
     return picked / total if picked >= min_steps and picked >= share * total else None
-
-
-def clamp(threshold: int | None, low: int, high: int) -> int:
-    """Within the spec's threshold.min/max. None (speculate at every batch size) counts as
-    above any max, so it becomes `high`; 0 (never speculate) below a positive min."""
-    return high if threshold is None else max(low, min(high, threshold))
-
-
-def bucket_steps(a: int | None, b: int | None) -> float:
-    """How many batch buckets apart two thresholds are; 0 (never speculate) sits one bucket
-    below the first, None (always speculate) infinitely far above the last."""
-    if a == b:
-        return 0
-    return abs(_bucket_index(a) - _bucket_index(b))
-
-
-def _bucket_index(threshold: int | None) -> float:
-    if threshold is None:
-        return math.inf
-    return -1 if threshold == 0 else BATCH_BUCKETS.index(batch_bucket(threshold))
-
-
-Action = Literal["change", "hold"]
-
-
-@dataclass(frozen=True)
-class Damped:
-    """What to run: `threshold` is the current value on hold, the new one on change."""
-
-    action: Action
-    threshold: int | None
-    message: str
-
-
-def damp(
-    current: int | None,
-    measured: int | None,
-    low: int,
-    high: int,
-    last_change: datetime | None,
-    now: datetime,
-    min_dwell: timedelta,
-    dead_band_buckets: int = 1,
-) -> Damped:
-    """Move from `current` to the clamped `measured` threshold only when the move is beyond
-    the dead band (the crossover is only located to within a bucket, so a one-bucket move
-    is noise) and the last change is at least `min_dwell` old: the threshold never flaps.
-    `current` None with no change yet means nothing was measured before: no dead band."""
-    target = clamp(measured, low, high)
-    if target == current:
-        return Damped("hold", current, f"threshold stays at {target}")
-    first = current is None and last_change is None
-    if not first and bucket_steps(current, target) <= dead_band_buckets:
-        return Damped(
-            "hold",
-            current,
-            f"{current} -> {target} is within the dead band of {dead_band_buckets} bucket(s)",
-        )
-    if last_change is not None and now - last_change < min_dwell:
-        wait = _duration(min_dwell - (now - last_change))
-        return Damped("hold", current, f"{current} -> {target} waits {wait} for the minimum dwell")
-    return Damped("change", target, f"threshold {current} -> {target}")
-
-
-Verdict = Literal["keep", "roll_back", "unknown"]
-
-
-@dataclass(frozen=True)
-class GoodputCheck:
-    verdict: Verdict
-    message: str
-
-
-def queueing_warning(before: Traffic, after: Traffic, tolerance: float = 0.1) -> str | None:
-    """Speculation's memory bill: the draft's KV cache and the drafted positions take blocks,
-    so fewer sequences are admitted; once that makes requests queue, end-to-end latency rises
-    while each token comes faster, and token-level metrics hide what users feel. None unless
-    admitted concurrency fell and p95 end-to-end latency rose (each beyond `tolerance`) while
-    the mean inter-token latency fell."""
-    a0, a1 = before.admitted_concurrency, after.admitted_concurrency
-    p0, p1 = before.e2e_p95_seconds, after.e2e_p95_seconds
-    i0, i1 = before.mean_inter_token_seconds, after.mean_inter_token_seconds
-    if None in (a0, a1, p0, p1, i0, i1):
-        return None
-    assert a0 is not None and a1 is not None and p0 is not None and p1 is not None
-    assert i0 is not None and i1 is not None
-    if not (a1 < a0 * (1 - tolerance) and p1 > p0 * (1 + tolerance) and i1 < i0):
-        return None
-    return (
-        f"admitted concurrency fell from {a0:.0f} to {a1:.0f} and p95 end-to-end latency rose "
-        f"from {p0:.2f} s to {p1:.2f} s while inter-token latency improved ({i0 * 1000:.0f} -> "
-        f"{i1 * 1000:.0f} ms): speculation's KV memory is making requests queue"
-    )
-
-
-ServedByBucket = Mapping[str, Mapping[int, ModeStats]]  # SKU -> batch bucket -> both modes
-
-
-def served(steps: Mapping[str, StatsByBucket]) -> dict[str, dict[int, ModeStats]]:
-    """A window's decode steps per SKU and bucket, both modes summed: what the fleet ran
-    under its thresholds, whichever mode each step took."""
-    out: dict[str, dict[int, ModeStats]] = {}
-    for sku, stats in steps.items():
-        buckets = out.setdefault(sku, {})
-        for (_, bucket), s in stats.items():
-            buckets[bucket] = buckets.get(bucket, ModeStats()) + s
-    return out
-
-
-@dataclass(frozen=True)
-class SameMixSpeedup:
-    """How much faster the after window decoded than the before window would have, on the
-    after window's batch mix."""
-
-    speedup: float
-    covered: float  # the share of the after window's decode time in the compared buckets
-
-
-def same_mix_speedup(
-    before: ServedByBucket, after: ServedByBucket, min_steps: int = MIN_STEPS
-) -> SameMixSpeedup | None:
-    """For every (SKU, bucket) with `min_steps` steps in both windows: the seconds the after
-    window's tokens would have taken at the before window's rate there, over the seconds they
-    took. A threshold changes the mode bucket by bucket while the load moves the batch mix
-    (a bigger batch decodes more tokens per second in either mode), so a fleet-wide tokens
-    per busy second would mistake a load change for the threshold's effect. None when no
-    bucket compares."""
-    would, took, total = 0.0, 0.0, 0.0
-    for sku, buckets in after.items():
-        for bucket, now in buckets.items():
-            total += now.seconds
-            then = before.get(sku, {}).get(bucket)
-            if then is None or then.throughput is None or min(then.steps, now.steps) < min_steps:
-                continue
-            would += now.tokens / then.throughput
-            took += now.seconds
-    if took <= 0:
-        return None
-    return SameMixSpeedup(would / took, took / total)
-
-
-def compare_goodput(
-    before: Traffic,
-    after: Traffic,
-    decode: SameMixSpeedup | None,
-    z: float = 3.0,
-    throughput_tolerance: float = 0.05,
-    min_covered: float = 0.5,
-    load_tolerance: float = 0.25,
-    min_requests: int = 50,
-) -> GoodputCheck:
-    """Keep or roll back a threshold change, from windows before and after it.
-
-    Two measures, each normalised for load. Decode throughput on the same batch mix
-    (`same_mix_speedup`): a drop beyond `throughput_tolerance`, in buckets holding at least
-    `min_covered` of the after window's decode time, rolls back whatever the load did. The
-    SLO-met share of requests (goodput per request, where speculation's memory bill shows as
-    queueing): a drop beyond the binomial noise of both windows (a two-proportion z-test)
-    rolls back, if both windows have `min_requests` and request rates within
-    `load_tolerance` of each other (a busier window misses more SLOs whatever the
-    threshold). Neither measure comparable: "unknown", and the caller keeps the change (no
-    evidence against it)."""
-    speedup = decode.speedup if decode is not None and decode.covered >= min_covered else None
-    if speedup is not None and speedup < 1 - throughput_tolerance:
-        assert decode is not None
-        return GoodputCheck(
-            "roll_back",
-            f"decode throughput on the same batch mix fell {1 - speedup:.0%} "
-            f"(more than {throughput_tolerance:.0%}; buckets holding {decode.covered:.0%} "
-            "of decode time compared)",
-        )
-    slo = _slo_share_drop(before, after, z, load_tolerance, min_requests)
-    if slo is not None and slo.verdict == "roll_back":
-        return slo
-    if speedup is None and (slo is None or slo.verdict == "unknown"):
-        why = slo.message if slo is not None else "no SLO-met share measured"
-        return GoodputCheck("unknown", f"decode throughput not comparable; {why}")
-    kept = "goodput did not fall beyond noise"
-    if speedup is not None:
-        kept += f" (decode throughput on the same batch mix x{speedup:.2f})"
-    return GoodputCheck("keep", kept)
-
-
-def _slo_share_drop(
-    before: Traffic, after: Traffic, z: float, load_tolerance: float, min_requests: int
-) -> GoodputCheck | None:
-    """The SLO-met share's verdict; None when neither window measured it."""
-    p0, p1 = before.slo_met_share, after.slo_met_share
-    if p0 is None or p1 is None:
-        return None
-    n0, n1 = before.judged_requests, after.judged_requests
-    assert n0 is not None and n1 is not None  # a share needs them
-    if min(n0, n1) < min_requests:
-        return GoodputCheck("unknown", f"too few requests to compare (need {min_requests})")
-    r0, r1 = before.request_rate, after.request_rate
-    assert r0 is not None and r1 is not None
-    if abs(r1 - r0) > load_tolerance * r0:
-        return GoodputCheck(
-            "unknown", f"load changed from {r0:.3g} to {r1:.3g} requests/s: not comparable"
-        )
-    pooled = (p0 * n0 + p1 * n1) / (n0 + n1)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / n0 + 1 / n1))
-    if p1 < p0 and (p0 - p1) > z * se:
-        return GoodputCheck(
-            "roll_back", f"SLO-met share fell from {p0:.1%} to {p1:.1%} (beyond noise)"
-        )
-    return GoodputCheck("keep", "SLO-met share did not fall beyond noise")

@@ -25,6 +25,23 @@ TORCH_FREE = (
 
 ENGINE_PARTS = ("spectune.engine.serving", "spectune.engine.bench", "spectune.engine.zoo")
 
+# The operator's decisions: pure functions of what was observed, tested without a cluster.
+DECISIONS = tuple(
+    f"spectune.operator.{m}"
+    for m in ("autotune", "triggers", "estimator", "damping", "verification", "observations")
+)
+IO = (
+    "kopf",
+    "kubernetes",
+    "prometheus_api_client",
+    "requests",
+    "urllib",
+    "spectune.operator.engines",
+    "spectune.operator.handlers",
+    "spectune.operator.kube",
+    "spectune.operator.prometheus",
+)
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -55,6 +72,11 @@ RULES = (
         importers=("spectune.operator",),
         forbidden=("spectune.engine", "torch"),
         allowed=TORCH_FREE,
+    ),
+    Rule(
+        "the operator's decisions do no I/O: no client library, no module that does",
+        importers=DECISIONS,
+        forbidden=IO,
     ),
 )
 

@@ -45,6 +45,9 @@ def test_the_checker_names_each_forbidden_import(tmp_path: Path) -> None:
                 "from spectune.engine.crossover import speedup_curve\n"
                 "import spectune.engine.engine\n"
             ),
+            "operator/autotune.py": (
+                "import kopf\nfrom spectune.operator.prometheus import FleetWindow\n"
+            ),
             "hack/pod_runner.py": "import spectune.operator.kube\n",
         },
     )
@@ -59,6 +62,10 @@ def test_the_checker_names_each_forbidden_import(tmp_path: Path) -> None:
         "the engine imports nothing of the operator or hack/",
         "spectune.operator.handlers imports spectune.engine.engine: "
         "the operator imports only the engine's torch-free modules",
+        "spectune.operator.autotune imports kopf: "
+        "the operator's decisions do no I/O: no client library, no module that does",
+        "spectune.operator.autotune imports spectune.operator.prometheus.FleetWindow: "
+        "the operator's decisions do no I/O: no client library, no module that does",
     ]
 
 

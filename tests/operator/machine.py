@@ -9,9 +9,8 @@ from datetime import UTC, datetime, timedelta
 from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.autotune import Observation, State
 from spectune.operator.models import CalibrationStatus, CrossoverStatus, ThresholdStatus, parse_spec
-from spectune.operator.prometheus import EngineInfo, FleetWindow
+from spectune.operator.observations import EngineInfo, FleetWindow, Traffic
 from spectune.operator.status import threshold_status
-from spectune.operator.triggers import Traffic
 
 H100, L4 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -27,8 +27,7 @@ from spectune.operator.models import (
     CalibrationStatus,
     ThresholdStatus,
 )
-from spectune.operator.prometheus import FleetWindow
-from spectune.operator.triggers import Traffic
+from spectune.operator.observations import FleetWindow, Traffic
 
 from .machine import (
     BUCKETS,

@@ -32,9 +32,9 @@ from kubernetes import client
 
 from spectune.engine import contract
 from spectune.operator import render
+from spectune.operator.damping import bucket_steps
 from spectune.operator.launch import OperatorProcess
 from spectune.operator.models import GROUP, PLURAL, VERSION
-from spectune.operator.triggers import bucket_steps
 from tests.cluster.support import LOCAL, Cluster
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until

@@ -33,7 +33,7 @@ import pytest
 from kubernetes import client
 
 from spectune.engine import contract
-from spectune.operator.triggers import bucket_steps
+from spectune.operator.damping import bucket_steps
 from tests.cluster.support import Cluster
 from tests.support.waiting import wait_until
 

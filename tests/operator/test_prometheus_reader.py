@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client
 
 from spectune.engine import contract
+from spectune.operator.observations import Traffic
 from spectune.operator.prometheus import (
     FleetWindow,
     LabelNames,
@@ -29,7 +30,6 @@ from spectune.operator.prometheus import (
     Selector,
     bucket_quantile,
 )
-from spectune.operator.triggers import Traffic
 from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback
 from tests.support.waiting import wait_until
 
