@@ -7,13 +7,35 @@ keeps it off, instead of flipping it every iteration. Because the smoothed value
 never below the actual batch, a gated spec iteration always has batch < threshold.
 
 Exploration: a share ε of iterations deliberately runs the other mode, so the operator
-can measure both curves at every batch size.
+can measure both curves at every batch size. A lease raises ε until a wall-clock time: the
+operator renews it while it calibrates, so an operator that dies leaves no engine exploring
+for ever. The share is read from the wall clock at every decision, so expiry needs no input.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
+
+log = logging.getLogger("spectune.engine")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """ε raised to `exploration` until `until` (unix seconds); after that, inert."""
+
+    exploration: float
+    until: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.exploration <= 1:
+            raise ValueError(f"lease exploration must be in [0, 1], got {self.exploration}")
+        if not self.until > 0:
+            raise ValueError(f"lease until must be > 0 (unix seconds), got {self.until}")
 
 
 @dataclass(frozen=True)
@@ -22,6 +44,7 @@ class GateSettings:
     hysteresis: float = 1.0  # once off, the smoothed batch must fall below threshold - this
     release: float = 0.25  # share of a fall taken per iteration
     exploration: float = 0.0  # ε, share of iterations run in the other mode
+    lease: Lease | None = None  # a raised ε that reverts to `exploration` by itself
 
     def __post_init__(self) -> None:
         if self.threshold is not None and self.threshold < 0:
@@ -33,6 +56,12 @@ class GateSettings:
         if not 0 <= self.exploration <= 1:
             raise ValueError(f"exploration must be in [0, 1], got {self.exploration}")
 
+    def exploration_at(self, now: float) -> float:
+        """ε in force at unix time `now`: the lease's while it lasts, else the base."""
+        if self.lease is not None and now < self.lease.until:
+            return self.lease.exploration
+        return self.exploration
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -41,11 +70,21 @@ class Decision:
 
 
 class SpeculationGate:
-    def __init__(self, settings: GateSettings, rng: random.Random) -> None:
+    """`wall_clock` (unix seconds) times the lease: the operator sets `until` from its own
+    clock, so this is the wall clock even when the engine runs on a simulated SKU's clock."""
+
+    def __init__(
+        self,
+        settings: GateSettings,
+        rng: random.Random,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self._settings = settings
         self._rng = rng
+        self._wall_clock = wall_clock
         self._smoothed = 0.0
         self._on: bool | None = None  # None: no memory, decide on the threshold alone
+        self._live: Lease | None = None  # the lease last seen in force, to log its expiry once
 
     @property
     def settings(self) -> GateSettings:
@@ -56,10 +95,28 @@ class SpeculationGate:
         """Swap atomically; the next decision uses the new threshold without hysteresis memory."""
         self._settings = new
         self._on = None
+        if new.lease != self._live:
+            self._live = None  # replaced or withdrawn, not expired: nothing to log
 
     @property
     def smoothed_batch(self) -> float:
         return self._smoothed
+
+    def exploration(self) -> float:
+        """ε in force now; logs once when a lease that was in force has expired. Call it
+        from the engine's thread (decide does; so does the serving loop while idle)."""
+        s, now = self._settings, self._wall_clock()
+        if s.lease is not None and now < s.lease.until:
+            self._live = s.lease
+        elif self._live is not None:
+            expired = datetime.fromtimestamp(self._live.until, UTC).isoformat(timespec="seconds")
+            log.info(
+                "exploration lease expired at %s: back to base exploration %g",
+                expired,
+                s.exploration,
+            )
+            self._live = None
+        return s.exploration_at(now)
 
     def decide(self, batch_size: int) -> Decision:
         s = self._settings
@@ -73,5 +130,6 @@ class SpeculationGate:
             margin = s.hysteresis if self._on is False else 0.0
             on = self._smoothed < s.threshold - margin
         self._on = on
-        explored = s.exploration > 0 and self._rng.random() < s.exploration
+        share = self.exploration()
+        explored = share > 0 and self._rng.random() < share
         return Decision(speculate=on != explored, explored=explored)

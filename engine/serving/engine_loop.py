@@ -154,7 +154,7 @@ class EngineLoop:
         self.engine.gate.settings = settings.gate()
         self.engine.k = settings.k
         self.speculation = settings
-        self.metrics.set_speculation(settings.threshold, settings.exploration)
+        self.metrics.set_speculation(settings.threshold, self.engine.gate.exploration())
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -246,7 +246,10 @@ class EngineLoop:
         self.metrics.observe_request(timing, outcome, met, stream.seq.prompt_len)
 
     def _publish_state(self) -> None:
+        """Every iteration, and every 50 ms while idle: so the exploration gauge (and the
+        log line) follow a lease's expiry with no request and no settings change."""
         sched = self.engine.scheduler
+        self.metrics.set_speculation(self.speculation.threshold, self.engine.gate.exploration())
         self.metrics.set_state(
             len(sched.running),
             len(sched.waiting),

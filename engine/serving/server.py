@@ -554,7 +554,10 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
     async def put_speculation(
         changes: Annotated[
             SpeculationSettings,
-            Body(description="only the fields present change; threshold null: always speculate"),
+            Body(
+                description="only the fields present change; threshold null: always speculate;"
+                " lease null: withdraw it, a lease given replaces the whole lease"
+            ),
         ],
     ) -> dict[str, Any]:
         loop = server.engine_loop()
@@ -610,6 +613,7 @@ async def _collect_all(
 def _speculation_state(loop: EngineLoop) -> dict[str, Any]:
     engine = loop.engine
     return loop.speculation.model_dump() | {
+        "effective_exploration": engine.gate.settings.exploration_at(time.time()),
         "method": engine.config.method,
         "running": len(engine.scheduler.running),
         "waiting": len(engine.scheduler.waiting),

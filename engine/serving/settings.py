@@ -16,11 +16,23 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from spectune.engine.device_time import sku_named
-from spectune.engine.gate import GateSettings
+from spectune.engine.gate import GateSettings, Lease
 
 
 class SettingsError(ValueError):
     """A config file, variable or flag that does not validate; the message says which."""
+
+
+class ExplorationLease(BaseModel):
+    """Raised exploration that reverts by itself: the operator renews it while it calibrates.
+    `until` is absolute unix time, so the ConfigMap and the admin API carry the same expiry
+    (and an engine restarted after it reads it as already over); the clocks must agree (NTP).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exploration: float = Field(ge=0, le=1, description="share of iterations run in the other mode")
+    until: float = Field(gt=0, description="unix wall-clock seconds; in the past: inert")
 
 
 class SpeculationSettings(BaseModel):
@@ -38,10 +50,17 @@ class SpeculationSettings(BaseModel):
     exploration: float = Field(
         0.0, ge=0, le=1, description="share of iterations run in the other mode"
     )
+    lease: ExplorationLease | None = Field(
+        None, description="exploration raised until a unix time, then back to `exploration`"
+    )
 
     def gate(self) -> GateSettings:
+        lease = None if self.lease is None else Lease(self.lease.exploration, self.lease.until)
         return GateSettings(
-            threshold=self.threshold, hysteresis=self.hysteresis, exploration=self.exploration
+            threshold=self.threshold,
+            hysteresis=self.hysteresis,
+            exploration=self.exploration,
+            lease=lease,
         )
 
 

@@ -1,13 +1,15 @@
-"""The batch gate: threshold semantics, hysteresis, run-time changes, exploration."""
+"""The batch gate: threshold semantics, hysteresis, run-time changes, exploration and its
+lease."""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 
 import pytest
 
-from spectune.engine.gate import GateSettings, SpeculationGate
+from spectune.engine.gate import GateSettings, Lease, SpeculationGate
 
 
 def gate(**kw: object) -> SpeculationGate:
@@ -74,3 +76,70 @@ def test_exploration_runs_the_other_mode_at_the_configured_share(batch: int, pic
 def test_invalid_settings_are_rejected(kw: dict) -> None:
     with pytest.raises(ValueError):
         GateSettings(**kw)
+
+
+@pytest.mark.parametrize(("share", "until"), [(1.5, 100.0), (-0.1, 100.0), (0.5, 0.0)])
+def test_invalid_leases_are_rejected(share: float, until: float) -> None:
+    with pytest.raises(ValueError, match="lease"):
+        Lease(share, until)
+
+
+class FakeWallClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def leased(clock: FakeWallClock, **kw: object) -> SpeculationGate:
+    settings = GateSettings(threshold=None, exploration=0.0, lease=Lease(1.0, 1000.0), **kw)
+    return SpeculationGate(settings, random.Random(0), wall_clock=clock)
+
+
+def test_a_lease_explores_until_it_expires_and_never_after() -> None:
+    """Expiry is read at every decision: no settings change brings the base share back."""
+    clock = FakeWallClock(900.0)
+    g = leased(clock)
+    before = []
+    for _ in range(50):
+        before.append(g.decide(4))
+        clock.now += 1.0  # 900 .. 949, all before `until`
+    assert all(d.explored and not d.speculate for d in before)
+    clock.now = 1000.0  # `until` itself is past the lease
+    after = [g.decide(4) for _ in range(200)]
+    assert not any(d.explored for d in after) and all(d.speculate for d in after)
+    assert g.exploration() == 0.0
+
+
+def test_a_lease_already_past_is_inert() -> None:
+    g = leased(FakeWallClock(5000.0))
+    assert g.exploration() == 0.0
+    assert not any(g.decide(4).explored for _ in range(200))
+
+
+def test_expiry_is_logged_once_and_a_withdrawal_not_at_all(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeWallClock(999.0)
+    g = leased(clock)
+    caplog.set_level(logging.INFO, logger="spectune.engine")
+    g.decide(4)
+    clock.now = 1001.0
+    for _ in range(10):
+        g.decide(4)
+    g.settings = GateSettings(threshold=4, lease=Lease(1.0, 1000.0))  # the same lease again
+    g.decide(4)
+    expired = [r.getMessage() for r in caplog.records if "lease expired" in r.getMessage()]
+    assert expired == [
+        "exploration lease expired at 1970-01-01T00:16:40+00:00: back to base exploration 0"
+    ]
+
+    caplog.clear()
+    clock.now = 1500.0
+    g.settings = GateSettings(lease=Lease(0.5, 2000.0))
+    assert g.exploration() == 0.5
+    g.settings = GateSettings(exploration=0.02)  # withdrawn before its time
+    clock.now = 3000.0
+    assert g.exploration() == 0.02
+    assert not [r for r in caplog.records if "lease expired" in r.getMessage()]

@@ -1,9 +1,11 @@
 """Admin API auth and validation; threshold changes (API and config file) steer the next
-iterations, as the step metrics show; every contract metric is exposed."""
+iterations, as the step metrics show; an exploration lease reverts by itself; every contract
+metric is exposed."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 
 import httpx
 import pytest
@@ -69,6 +71,7 @@ def test_admin_get_reports_settings_and_counts(server: Served) -> None:
         state
     )
     assert state["method"] == "draft"
+    assert state["lease"] is None and state["effective_exploration"] == state["exploration"]
 
 
 @pytest.mark.parametrize("token", [None, "wrong-token"])
@@ -89,6 +92,9 @@ def test_admin_put_needs_the_token(server: Served, token: str | None) -> None:
         ({"hysteresis": "x"}, "hysteresis"),
         ({"bogus": 1}, "bogus"),
         ({"threshold": 2.5}, "threshold"),
+        ({"lease": {"exploration": 1.5, "until": 2e9}}, "lease.exploration"),
+        ({"lease": {"exploration": 0.5}}, "lease.until"),
+        ({"lease": 0.5}, "lease"),
         ([1, 2], "dictionary"),
         (None, "body"),
     ],
@@ -130,6 +136,56 @@ def test_admin_put_changes_only_the_fields_given(server: Served) -> None:
     assert server.put_admin({"threshold": 0}).json()["threshold"] == 0  # 0: never
     restored = server.put_admin({"k": 4, "threshold": None, "hysteresis": 1.0, "exploration": 0})
     assert restored.json()["k"] == 4 and restored.json()["threshold"] is None
+
+
+def exploration_gauge(server: Served) -> float:
+    return total(parse(server.get("/metrics").text), contract.SPEC_EXPLORATION_RATIO)
+
+
+def test_an_exploration_lease_reverts_by_itself(server: Served) -> None:
+    """No request changes the settings after the PUT: expiry alone brings the base back, in the
+    admin API, in the gauge and in the log."""
+    assert server.put_admin({"exploration": 0.0, "lease": None}).status_code == 200
+    logged = server.log.read_text().count("exploration lease expired at")
+    lease = {"exploration": 0.5, "until": round(time.time() + 1.5, 3)}
+    put = server.put_admin({"lease": lease})
+    assert put.status_code == 200, put.text
+    state = server.get("/admin/speculation").json()
+    assert (state["lease"], state["exploration"], state["effective_exploration"]) == (
+        lease,
+        0.0,
+        0.5,
+    )
+    assert exploration_gauge(server) == 0.5
+    wait_until(
+        "the lease to expire in the admin API",
+        lambda: server.get("/admin/speculation").json()["effective_exploration"] == 0.0,
+        6,
+        0.1,
+    )
+    assert time.time() >= lease["until"]
+    wait_until("the gauge back to the base share", lambda: exploration_gauge(server) == 0.0, 3, 0.1)
+    wait_until(
+        "the expiry logged",
+        lambda: server.log.read_text().count("exploration lease expired at") > logged,
+        3,
+        0.1,
+    )
+    time.sleep(0.3)  # a few more idle passes of the loop: still logged once
+    assert server.log.read_text().count("exploration lease expired at") == logged + 1
+    state = server.get("/admin/speculation").json()
+    assert state["lease"] == lease  # still there, and inert
+
+
+def test_admin_put_keeps_the_lease_when_absent_and_drops_it_when_null(server: Served) -> None:
+    lease = {"exploration": 0.25, "until": time.time() + 600}
+    assert server.put_admin({"exploration": 0.0, "lease": lease}).json()["lease"] == lease
+    state = server.put_admin({"threshold": 6}).json()  # absent: unchanged
+    assert (state["lease"], state["effective_exploration"]) == (lease, 0.25)
+    assert exploration_gauge(server) == 0.25
+    state = server.put_admin({"lease": None, "threshold": None}).json()  # null: withdrawn
+    assert (state["lease"], state["effective_exploration"]) == (None, 0.0)
+    assert exploration_gauge(server) == 0.0
 
 
 def prompt_tokens(server: Served) -> float:
@@ -217,6 +273,31 @@ def test_config_file_change_applies_and_an_invalid_file_is_rejected(server: Serv
     config["speculation"]["threshold"] = None
     server.config.write_text(yaml.safe_dump(config))
     wait_for_threshold(server, None)
+
+
+def test_config_file_carries_the_lease(server: Served) -> None:
+    """The ConfigMap form: a lease in the file is applied; a file without one drops it."""
+    original = server.config.read_text()
+    config = yaml.safe_load(original)
+    lease = {"exploration": 0.3, "until": time.time() + 600}
+    config["speculation"] |= {"exploration": 0.0, "lease": lease}
+    server.config.write_text(yaml.safe_dump(config))
+    state = wait_until(
+        "the file's lease applied",
+        lambda: (s := server.get("/admin/speculation").json())["lease"] == lease and s,
+        10,
+        0.2,
+    )
+    assert state["effective_exploration"] == 0.3
+    assert exploration_gauge(server) == 0.3
+    server.config.write_text(original)
+    wait_until(
+        "the lease dropped with the file's",
+        lambda: server.get("/admin/speculation").json()["lease"] is None,
+        10,
+        0.2,
+    )
+    assert exploration_gauge(server) == 0.0
 
 
 def step_counts(server: Served) -> dict[tuple[str, str], float]:
