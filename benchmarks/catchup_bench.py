@@ -1,11 +1,14 @@
-"""How much the draft's catch-up would bias the live spec curve if it were charged to the
-speculative step: a closed-loop load on the in-process engine (finished requests are replaced
-by new ones of 16-64 tokens), then, per batch bucket, the mean spec step time as the step
-metrics report it (catch-up apart) and with the catch-up added back (what they reported
-before). One run gives both, since `Iteration.seconds + catchup_seconds` is the old measure.
+"""How the draft's catch-up forward lands in the live spec curve: a closed-loop load on the
+in-process engine (finished requests are replaced by new ones of 16-64 tokens), then, per
+batch bucket, the mean spec step time as the step metrics report it (the draft's prefill
+in, the catch-up on plain iterations' tokens apart), without the draft's prefill (what they
+reported before issue 31), and with the catch-up added back (before issue 11). One run gives
+all three from the Iteration records. `--simulate SKU` times the same run on a simulated
+GPU's modelled clock (deterministic, and blind to whatever else the CPU is doing).
 
 Usage: .venv/bin/python benchmarks/catchup_bench.py [--clients 8] [--requests 64]
            [--threshold N] [--exploration 0.1]    (default: always speculate, no exploration)
+           [--simulate L4]
 """
 
 from __future__ import annotations
@@ -52,15 +55,20 @@ def table(iterations: list[Iteration]) -> list[str]:
     for it in iterations:
         if it.mode == "spec":
             by_bucket[batch_bucket(it.batch_size)].append(it)
-    lines = ["| bucket | spec steps | with a catch-up | mean ms now | catch-up included | ratio |"]
-    lines.append("|---|---|---|---|---|---|")
+    lines = [
+        "| bucket | spec steps | with draft prefill | with catch-up | mean ms now "
+        "| prefill left out | catch-up included |"
+    ]
+    lines.append("|---|---|---|---|---|---|---|")
     for bucket, its in sorted(by_bucket.items()):
         now = statistics.mean(it.seconds for it in its)
+        without = statistics.mean(it.seconds - it.draft_prefill_seconds for it in its)
         was = statistics.mean(it.seconds + it.catchup_seconds for it in its)
+        prefilled = sum(it.draft_prefill_seconds > 0 for it in its)
         caught = sum(it.catchup_seconds > 0 for it in its)
         lines.append(
-            f"| {bucket} | {len(its)} | {caught} | {now * 1e3:.2f} | {was * 1e3:.2f} "
-            f"| {was / now:.3f}x |"
+            f"| {bucket} | {len(its)} | {prefilled} | {caught} | {now * 1e3:.2f} "
+            f"| {without * 1e3:.2f} ({without / now:.3f}x) | {was * 1e3:.2f} ({was / now:.3f}x) |"
         )
     return lines
 
@@ -71,12 +79,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--threshold", type=int, default=None)
     parser.add_argument("--exploration", type=float, default=0.0)
+    parser.add_argument("--simulate", metavar="SKU", default=None)
     args = parser.parse_args()
     gate = GateSettings(threshold=args.threshold, exploration=args.exploration)
-    engine = LLMEngine(
-        EngineConfig(model="tiny-target", draft="tiny-draft", device="cpu", gate=gate),
-        resolve_model=resolve_model,
-    )
+    config = EngineConfig(
+        model="tiny-target", draft="tiny-draft", device="cpu", gate=gate,
+        simulate_device=args.simulate,
+    )  # fmt: skip
+    engine = LLMEngine(config, resolve_model=resolve_model)
+    if engine.simulation:
+        engine.simulation.hold = False
     closed_loop(engine, args.clients, args.requests)
     print("\n".join(table(list(engine.iterations))))
 

@@ -25,11 +25,20 @@ NUM_REQUESTS_RUNNING = "spectune_num_requests_running"  # gauge
 NUM_REQUESTS_WAITING = "spectune_num_requests_waiting"  # gauge
 KV_CACHE_USAGE = "spectune_kv_cache_usage_ratio"  # gauge: target+draft blocks in use / total
 ADMITTED_CONCURRENCY = "spectune_admitted_concurrency_limit"  # gauge
+# Wall time of each decode iteration (prefills are not observed). A spec iteration's
+# includes drafting, verifying and the draft's prefill of what the target prefilled (every
+# speculating request pays it once); not the draft reading what plain iterations committed.
 STEP_SECONDS = "spectune_step_seconds"  # histogram, labels mode, batch
 STEP_OUTPUT_TOKENS = "spectune_step_output_tokens_total"  # counter, labels mode, batch
 DRAFT_SECONDS = "spectune_draft_seconds_total"  # counter, label batch
-# The draft catching up on tokens it missed (after prefill or plain iterations); kept out of
-# STEP_SECONDS so that an explored spec iteration costs what a steady one does.
+# The draft's catch-up forward when a spec iteration finds it behind, split by tokens. Its
+# prefill of what the target prefilled (and of what a paused sequence skipped) is in
+# STEP_SECONDS and also counted here: a request run plain pays all of it at its first
+# explored spec iteration, so explored spec steps carry more of it per step than steady ones,
+# and this lets a reader amortize it per token instead.
+DRAFT_PREFILL_SECONDS = "spectune_draft_prefill_seconds_total"  # counter, label batch
+# The rest: the draft reading tokens plain iterations committed, a cost of switching modes,
+# kept out of STEP_SECONDS.
 DRAFT_CATCHUP_SECONDS = "spectune_draft_catchup_seconds_total"  # counter, label batch
 # Decode iterations as they ran: explored="true" ran the mode the gate did not pick.
 ITERATIONS = "spectune_iterations_total"  # counter, labels mode, explored
@@ -49,7 +58,8 @@ ALL_METRICS = (
     REQUESTS, REQUESTS_SLO_MET, PROMPT_TOKENS, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY,
     E2E_REQUEST_LATENCY,
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, ADMITTED_CONCURRENCY,
-    STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, DRAFT_CATCHUP_SECONDS, ITERATIONS,
+    STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, DRAFT_PREFILL_SECONDS,
+    DRAFT_CATCHUP_SECONDS, ITERATIONS,
     SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_THRESHOLD, SPEC_EXPLORATION_RATIO,
     ENGINE_INFO, SIMULATED_OVERRUNS,
 )  # fmt: skip

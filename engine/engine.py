@@ -19,7 +19,7 @@ import torch
 from spectune.engine.block_manager import BlockManager, plan_blocks
 from spectune.engine.checkpoint import Checkpoint, checkpoint_dir, load_checkpoint
 from spectune.engine.config import EngineConfig, InvalidConfig
-from spectune.engine.drafting import ModelDrafter, NgramDrafter
+from spectune.engine.drafting import CatchUp, ModelDrafter, NgramDrafter
 from spectune.engine.gate import Decision, SpeculationGate
 from spectune.engine.model_runner import Feed, ModelRunner
 from spectune.engine.sampling import accept_greedy, accept_sampled, choose_tokens, probabilities
@@ -37,13 +37,19 @@ class Iteration:
     mode: str  # prefill | plain | spec
     batch_size: int
     tokens: int  # tokens committed
-    seconds: float  # wall time less catchup_seconds: the mode's steady-state cost
-    draft_seconds: float = 0.0
+    # Wall time less catchup_seconds: what the mode costs, the draft's prefill included.
+    seconds: float
+    draft_seconds: float = 0.0  # proposing: the catch-up forward is not in it
     explored: bool = False  # ran the mode the gate did not pick, on purpose
     drafts: int = 0  # sequences that got a draft
     drafted: int = 0
     accepted: int = 0
-    catchup_seconds: float = 0.0  # the draft catching up on tokens it missed (plain, prefill)
+    # The catch-up forward (drafting.CatchUp) split by tokens: the draft's prefill of what the
+    # target prefilled (and of what a paused sequence skipped), a cost every speculating
+    # request pays and so inside `seconds`; and the draft reading what plain iterations
+    # committed, a cost of switching modes, kept out of `seconds`.
+    draft_prefill_seconds: float = 0.0
+    catchup_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -248,6 +254,8 @@ class LLMEngine:
             logits[rows], [s.params.temperature for s in fresh], [s.generator for s in fresh]
         )
         updates = [self._commit(s, [t]) for s, t in zip(fresh, tokens, strict=True)]
+        for s in seqs:
+            s.plain_unread = 0  # the draft reads whatever a prefill covers as its own prefill
         return updates, {"mode": "prefill", "batch_size": len(seqs), "tokens": len(fresh)}
 
     def _decode(self, seqs: list[Sequence]) -> tuple[list[Update], dict]:
@@ -257,6 +265,8 @@ class LLMEngine:
             logits, [s.params.temperature for s in seqs], [s.generator for s in seqs]
         )
         updates = [self._commit(s, [t]) for s, t in zip(seqs, tokens, strict=True)]
+        for u in updates:
+            u.seq.plain_unread += len(u.new_tokens)
         return updates, {"mode": "plain", "batch_size": len(seqs), "tokens": len(seqs)}
 
     def _draft_len(self, seq: Sequence) -> int:
@@ -269,10 +279,13 @@ class LLMEngine:
         assert self.drafter is not None
         ks = [self._draft_len(s) for s in seqs]
         t0 = self.clock()
-        caught_up = isinstance(self.drafter, ModelDrafter) and self.drafter.catch_up(
-            [s for s, k in zip(seqs, ks, strict=True) if k]
-        )
+        catch = CatchUp()
+        if isinstance(self.drafter, ModelDrafter):
+            catch = self.drafter.catch_up([s for s, k in zip(seqs, ks, strict=True) if k])
+            if catch.fed:
+                self._sync()
         t1 = self.clock()
+        prefill_seconds, catchup_seconds = catch.split(t1 - t0)
         drafts = self.drafter.propose(seqs, ks)
         draft_seconds = self.clock() - t1
         feeds = [
@@ -304,12 +317,19 @@ class LLMEngine:
             "batch_size": len(seqs),
             "tokens": sum(len(u.new_tokens) for u in updates),
             "draft_seconds": draft_seconds,
-            "catchup_seconds": t1 - t0 if caught_up else 0.0,
+            "draft_prefill_seconds": prefill_seconds,
+            "catchup_seconds": catchup_seconds,
             "drafts": drafting,
             "drafted": drafted,
             "accepted": accepted,
         }
         return updates, record
+
+    def _sync(self) -> None:
+        """Wait for the device, so that a forward whose output nobody reads (the catch-up)
+        is timed whole, not as its kernel launches with the rest landing in drafting."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _commit(self, seq: Sequence, tokens: list[int]) -> Update:
         """Append tokens up to the first stop, the max_tokens limit or the context end."""

@@ -36,7 +36,9 @@ class Status(enum.Enum):
 class Sequence:
     """Committed tokens t_0..t_{L-1}. Target KV is valid for positions < L-1 while running:
     the last token is fed by the next iteration. `draft_cached` counts the draft's valid
-    positions, which lag while speculation is off and catch up when it resumes."""
+    positions, which lag while speculation is off and catch up when it resumes;
+    `plain_unread` counts the lag's tokens that plain iterations committed (the part of a
+    catch-up not charged to speculation)."""
 
     seq_id: int
     token_ids: list[int]
@@ -46,6 +48,7 @@ class Sequence:
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)
     draft_cached: int = 0
+    plain_unread: int = 0
     finish_reason: str | None = None
     acceptance: float = 0.5  # EMA of accepted/drafted for this sequence
     paused_iterations: int = 0  # speculation is off for this sequence while > 0

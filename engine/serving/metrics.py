@@ -84,9 +84,15 @@ class EngineMetrics:
         self.draft_seconds = Counter(
             _name(c.DRAFT_SECONDS), "Time spent drafting", ["batch"], registry=r
         )
+        self.prefill_seconds = Counter(
+            _name(c.DRAFT_PREFILL_SECONDS),
+            "Time the draft spent on its prefill (also in spec step seconds)",
+            ["batch"],
+            registry=r,
+        )
         self.catchup_seconds = Counter(
             _name(c.DRAFT_CATCHUP_SECONDS),
-            "Time the draft spent catching up on tokens it missed",
+            "Time the draft spent reading tokens plain iterations committed",
             ["batch"],
             registry=r,
         )
@@ -126,6 +132,7 @@ class EngineMetrics:
         self.iterations.labels(it.mode, "true" if it.explored else "false").inc()
         if it.mode == "spec":
             self.draft_seconds.labels(batch).inc(it.draft_seconds)
+            self.prefill_seconds.labels(batch).inc(it.draft_prefill_seconds)
             self.catchup_seconds.labels(batch).inc(it.catchup_seconds)
             self.drafts.inc(it.drafts)
             self.draft_tokens.inc(it.drafted)

@@ -15,7 +15,7 @@ from spectune.engine.model import UnsupportedArchitecture
 from spectune.engine.sequence import InvalidRequest, SamplingParams
 from spectune.engine.zoo.training import held_out_acceptance
 
-from ..bench.modeled_device import DRAFT, ModeledDevice
+from ..bench.modeled_device import DRAFT, Cost, ModeledDevice
 from .prompts import PROMPTS
 
 
@@ -89,6 +89,73 @@ def test_an_explored_spec_iteration_costs_what_a_steady_one_does(tiny_pair) -> N
     assert steady.catchup_seconds == 0.0
     assert switched.catchup_seconds == pytest.approx(DRAFT.of(4 * 5))
     assert switched.seconds == pytest.approx(steady.seconds)
+
+
+# A draft whose forwards cost in proportion to the tokens they read, so that a prompt's
+# prefill is visible on the clock next to the steady one- or two-token first forward.
+READING_DRAFT = Cost(overhead=0.2e-3, floor=0.0, per_position=2e-6)
+
+
+def test_the_drafts_prefill_of_the_prompts_is_charged_to_the_first_spec_iteration(
+    tiny_pair,
+) -> None:
+    """Every speculating request pays the draft's prefill of its prompt once: that part of
+    the catch-up forward is speculation's cost and stays in the step time."""
+    device = ModeledDevice(draft=READING_DRAFT)
+    config = EngineConfig(model=str(tiny_pair[0]), draft=str(tiny_pair[1]), device="cpu")
+    eng = device.make_engine(config)
+    seqs = [
+        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True)) for p in PROMPTS[:4]
+    ]
+    eng.step()  # prefill
+    prompts = sum(s.prompt_len for s in seqs)
+    eng.step()  # spec: the draft reads the prompts first
+    first = eng.iterations[-1]
+    eng.step()
+    steady = eng.iterations[-1]
+    assert (first.mode, steady.mode) == ("spec", "spec")
+    prefill = READING_DRAFT.of(prompts)
+    # The steady first drafting forward reads one or two tokens per sequence, this one one.
+    slack = 4.5 * READING_DRAFT.per_position
+    assert first.seconds == pytest.approx(steady.seconds + prefill, abs=slack)
+    assert first.catchup_seconds == 0.0
+    assert first.draft_prefill_seconds == pytest.approx(prefill)
+    assert steady.draft_prefill_seconds == 0.0
+
+
+def test_after_plain_iterations_only_the_prompts_share_of_the_catch_up_is_charged(
+    tiny_pair,
+) -> None:
+    """Requests that ran plain since their prefill: one catch-up forward reads their prompts
+    (charged) and the tokens the plain iterations committed (kept out), split by tokens."""
+    device = ModeledDevice(draft=READING_DRAFT)
+    config = EngineConfig(
+        model=str(tiny_pair[0]),
+        draft=str(tiny_pair[1]),
+        device="cpu",
+        gate=GateSettings(threshold=0),
+    )
+    eng = device.make_engine(config)
+    seqs = [
+        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True)) for p in PROMPTS[:4]
+    ]
+    eng.step()  # prefill
+    for _ in range(5):
+        eng.step()  # plain: the draft misses five tokens per sequence
+    eng.gate.settings = GateSettings(threshold=None)
+    eng.step()
+    switched = eng.iterations[-1]
+    eng.step()
+    steady = eng.iterations[-1]
+    assert (switched.mode, steady.mode) == ("spec", "spec")
+    prompts = sum(s.prompt_len for s in seqs)
+    missed = 4 * 5
+    forward = READING_DRAFT.of(prompts + missed)
+    charged = forward * prompts / (prompts + missed)
+    slack = 4.5 * READING_DRAFT.per_position
+    assert switched.seconds == pytest.approx(steady.seconds + charged, abs=slack)
+    assert switched.draft_prefill_seconds == pytest.approx(charged)
+    assert switched.catchup_seconds == pytest.approx(forward - charged)
 
 
 @pytest.mark.parametrize(("threshold", "picked"), [(64, "spec"), (2, "plain")])

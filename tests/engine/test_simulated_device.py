@@ -47,7 +47,15 @@ def test_each_iteration_costs_what_the_device_model_says(tiny_pair) -> None:
     assert eng.iterations[-1].mode == "plain"
     assert eng.iterations[-1].seconds == pytest.approx(scale * plain_step(sku, LLAMA_8B, contexts))
     eng.gate.settings = GateSettings(threshold=None)  # spec; the first one catches the draft up
+    fed = [len(s) - 1 for s in seqs]  # the prompts and the plain iteration's token
     eng.step()
+    first = eng.iterations[-1]
+    catch_up = LLAMA_1B.forward(sku, sum(fed), 0, sum(n * (n - 1) // 2 for n in fed))
+    # Split by tokens: the prompts are the draft's prefill, one token each the plain step's.
+    assert first.draft_prefill_seconds == pytest.approx(
+        scale * catch_up * (sum(fed) - len(seqs)) / sum(fed)
+    )
+    assert first.catchup_seconds == pytest.approx(scale * catch_up * len(seqs) / sum(fed))
     contexts = [len(s) - 1 for s in seqs]
     eng.step()
     it = eng.iterations[-1]

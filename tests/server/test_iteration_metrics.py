@@ -19,7 +19,8 @@ def test_iterations_count_by_mode_and_exploration_and_catch_up_stays_apart() -> 
     metrics = EngineMetrics(INFO)
     runs = [
         Iteration("spec", 4, 8, 0.010, draft_seconds=0.002, catchup_seconds=0.005, explored=True),
-        Iteration("spec", 4, 8, 0.010, draft_seconds=0.002),
+        # The draft's prefill is inside `seconds` already: STEP_SECONDS adds nothing for it.
+        Iteration("spec", 4, 8, 0.010, draft_seconds=0.002, draft_prefill_seconds=0.003),
         Iteration("plain", 4, 4, 0.006),
         Iteration("plain", 4, 4, 0.006, explored=True),
         Iteration("plain", 20, 20, 0.008, explored=True),
@@ -41,3 +42,4 @@ def test_iterations_count_by_mode_and_exploration_and_catch_up_stays_apart() -> 
     }
     assert total(samples, contract.STEP_SECONDS + "_sum", mode="spec") == pytest.approx(0.020)
     assert total(samples, contract.DRAFT_CATCHUP_SECONDS, batch="4") == 0.005
+    assert total(samples, contract.DRAFT_PREFILL_SECONDS, batch="4") == 0.003
