@@ -11,7 +11,7 @@ nothing here does I/O: every decision is reproducible in a test.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -30,6 +30,7 @@ from spectune.operator.models import (
     CrossoverStatus,
     SkuThreshold,
     SpecDeploymentSpec,
+    SpeculationKey,
     ThresholdStatus,
 )
 from spectune.operator.observations import FleetWindow, Traffic, served
@@ -44,7 +45,12 @@ from spectune.operator.triggers import (
     too_old,
     traffic_shifted,
 )
-from spectune.operator.verification import compare_goodput, queueing_warning, same_mix_speedup
+from spectune.operator.verification import (
+    GoodputCheck,
+    compare_goodput,
+    queueing_warning,
+    same_mix_speedup,
+)
 
 # Exploration while calibrating: the mode the threshold hides gets half the iterations. Equal
 # shares compare two modes' means with the least variance for a given number of steps, and a
@@ -57,6 +63,9 @@ MIN_WINDOW_SECONDS = 10
 # for this share of the calibration window (30 s of the default 120): the load has shown its
 # range, and traffic that later runs past it is the past-bound trigger's to re-measure.
 RANGE_SETTLED_SHARE = 0.25
+# A change whose goodput check cannot decide (Prometheus down, load not comparable) is verified
+# for up to this many calibration windows after it, then rolled back: kept only on a verdict.
+VERIFY_WINDOWS = 3
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,8 @@ class Observation:
     window: FleetWindow | None  # over `window_seconds(...)`; None: Prometheus unavailable
     recent: Sequence[tuple[datetime, Traffic]] = ()  # (read at, window), oldest first
     error: str | None = None  # why `window` is None
+    selector: str = ""  # the label matchers the engines were read with
+    unscraped: tuple[str, ...] = ()  # ready pods without fresh engine series in `window`
 
 
 @dataclass(frozen=True)
@@ -129,30 +140,44 @@ def _sums(d: Mapping[str, Mapping[str, BucketSums]]) -> dict[str, dict[int, Mode
 
 def window_seconds(spec: SpecDeploymentSpec, cal: CalibrationStatus, now: datetime) -> int:
     """The window to read: since the calibration started while exploring, since the change
-    while verifying (only what each phase caused counts), else one calibration window."""
+    while verifying (only what each phase caused counts), else one calibration window, cut
+    at the end of the last calibration: a "before" window holding its raised exploration or
+    the threshold before its change would compare the next change with another fleet."""
     since = {"Exploring": cal.startedAt, "Verifying": cal.changedAt}.get(cal.phase)
     if since is None:
-        return spec.tuning.calibrationWindowSeconds
+        calm = _calm_seconds(cal, now)
+        window = spec.tuning.calibrationWindowSeconds
+        return window if calm is None else max(MIN_WINDOW_SECONDS, min(window, int(calm)))
     return max(MIN_WINDOW_SECONDS, int((now - _time(since)).total_seconds()))
 
 
+def _calm_seconds(cal: CalibrationStatus, now: datetime) -> float | None:
+    """Seconds since the engines last ran other settings (a calibration's end or a threshold
+    change); None when they never did."""
+    ends = [_time(t) for t in (cal.finishedAt, cal.changedAt) if t is not None]
+    return (now - max(ends)).total_seconds() if ends else None
+
+
 def thresholds_by_sku(state: State) -> dict[str, int | None]:
+    """SKU -> the threshold its engines run: measured ones only (a start value, a pinned one
+    and a rolled-back-to spec value are the deployment's, for every SKU)."""
+    if state.threshold.source != "Measured":
+        return {}
     return {s.sku: s.threshold for s in state.per_sku}
 
 
 def engine_settings(
     spec: SpecDeploymentSpec, state: State, sku: str | None
 ) -> tuple[int | None, int]:
-    """(threshold, exploration percent) an engine on `sku` should run: its SKU's threshold when
-    one was measured, else the deployment's (what the ConfigMap carries: `sku` None); raised
-    exploration only while exploring."""
+    """(threshold, exploration percent) an engine on `sku` should run: its SKU's measured
+    threshold when there is one, else the deployment's (what the ConfigMap carries: `sku`
+    None); raised exploration only while exploring."""
     percent = (
         CALIBRATION_EXPLORATION_PERCENT
         if state.calibration.phase == "Exploring"
         else spec.tuning.explorationPercent
     )
-    by_sku = thresholds_by_sku(state)
-    threshold = by_sku.get(sku, state.threshold.current)
+    threshold = thresholds_by_sku(state).get(sku, state.threshold.current)
     return threshold, percent
 
 
@@ -189,34 +214,43 @@ def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) 
 
 
 def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
-    """One turn of the state machine. Manual is never touched; Advisory measures and
-    recommends but never moves a threshold."""
+    """One turn of the state machine. Manual pins every engine and forgets what was measured
+    (switching back to Auto re-measures); Advisory measures and recommends but never moves a
+    threshold."""
     cal = state.calibration
     if spec.speculation.threshold.mode == "Manual":
-        if cal.phase == "Idle":
-            return Step(state)
-        cancelled = Event("CalibrationCancelled", "threshold mode is Manual")
-        return _give_up(spec, state, obs.now, cancelled)
+        return _manual(spec, state, obs.now)
+    if cal.phase != "Idle" and (moved := _config_moved(spec, cal)) is not None:
+        return _interrupted(spec, state, obs.now, moved)
     if obs.window is None:
-        if cal.phase == "Idle":
-            return Step(state)
-        why = f"Prometheus unavailable ({obs.error}): threshold kept, exploration lowered"
-        return _give_up(spec, state, obs.now, Event("CalibrationAborted", why, warning=True))
+        if cal.phase == "Exploring":
+            why = f"Prometheus unavailable ({obs.error}): threshold kept, exploration lowered"
+            return _give_up(spec, state, obs.now, Event("CalibrationAborted", why, warning=True))
+        if cal.phase == "Verifying":
+            return _unverified(spec, state, obs.now, f"Prometheus unavailable ({obs.error})")
+        return Step(state)
     if cal.phase == "Exploring":
         return _explore(spec, state, obs, obs.window)
     if cal.phase == "Verifying":
         return _verify(spec, state, obs, obs.window)
     if not obs.settled:
         return Step(state)
+    calm = _calm_seconds(cal, obs.now)
+    if calm is not None and calm < MIN_WINDOW_SECONDS:
+        return Step(state)  # the "before" window would hold the last calibration
+    if obs.unscraped:
+        return Step(state)  # metrics first: exploring pods nobody measures only costs
     reason = trigger(spec, cal, obs)
     if reason is None:
         return Step(state)
+    key = SpecKey.of(spec)
     started = cal.model_copy(
         update={
             "phase": "Exploring",
             "trigger": reason.kind,
             "message": reason.message,
             "startedAt": _iso(obs.now),
+            "config": SpeculationKey(model=key.model, draft=key.draft, method=key.method, k=key.k),
             "before": _traffic_dict(obs.window.traffic),
             "beforeSteps": _sums_dict(obs.window.steps),
             "reached": {},
@@ -229,8 +263,44 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
     )
 
 
+def _manual(spec: SpecDeploymentSpec, state: State, now: datetime) -> Step:
+    """The pinned value on every engine: per-SKU thresholds and the baseline are dropped, so
+    nothing measured outlives the pin and Auto starts from a fresh measurement."""
+    cal = state.calibration
+    pinned = dataclasses.replace(
+        state, per_sku=(), calibration=cal.model_copy(update={"baseline": None})
+    )
+    if cal.phase == "Idle":
+        return Step(pinned)
+    cancelled = Event("CalibrationCancelled", "threshold mode is Manual")
+    return _give_up(spec, pinned, now, cancelled)
+
+
+def _config_moved(spec: SpecDeploymentSpec, cal: CalibrationStatus) -> Reason | None:
+    """The spec change since the calibration started that moves the curve it measures."""
+    if cal.config is None:
+        return None
+    c = cal.config
+    return spec_changed(SpecKey(c.model, c.draft, c.method, c.k), SpecKey.of(spec))
+
+
+def _interrupted(spec: SpecDeploymentSpec, state: State, now: datetime, moved: Reason) -> Step:
+    """A calibration whose configuration changed under it: what it measured belongs to the
+    old one. Exploring ends at once (the next reconcile re-measures the new one); Verifying
+    rolls back, since its goodput check would compare two configurations."""
+    if state.calibration.phase == "Exploring":
+        why = f"{moved.message}: re-measuring the new configuration"
+        return _finish(state, now, Event("CalibrationRestarted", why))
+    return _roll_back(spec, state, now, f"{moved.message} before the change was verified")
+
+
 def _finish(state: State, now: datetime, *events: Event, retry_after: str | None = None) -> Step:
-    update = {"phase": "Idle", "finishedAt": _iso(now), "retryAfter": retry_after}
+    update = {
+        "phase": "Idle",
+        "finishedAt": _iso(now),
+        "retryAfter": retry_after,
+        "unverified": None,
+    }
     cal = state.calibration.model_copy(update=update)
     return Step(dataclasses.replace(state, calibration=cal), events)
 
@@ -309,17 +379,18 @@ def _decide(
     dwell = timedelta(seconds=spec.tuning.minDwellSeconds)
     pods = _pods_by_sku(window)
     old = thresholds_by_sku(state)
+    measured_before = state.threshold.source == "Measured"
     auto = t.mode == "Auto"
     per_sku, events, changed = [], [], False
     targets: dict[str, int | None] = {}  # per SKU: what the threshold should be
     for sku, est in estimates.items():
         current = old.get(sku, state.threshold.current)
-        unmeasured = sku not in old and state.threshold.source != "Measured"
+        unmeasured = sku not in old and not measured_before
         # a threshold an earlier calibration measured stands where this one measured only
-        # one side of the crossover and agrees with it (not a start value: that is a guess)
+        # one side of the crossover and agrees with it (not a start value: that is a guess);
+        # damping still clamps it into the spec's range
         asked = clamp(est.threshold, t.min, t.max)
-        measured = sku in old and state.threshold.source == "Measured"
-        agrees = measured and asked != current and est.agrees_with(current)
+        agrees = sku in old and asked != current and est.agrees_with(current)
         targets[sku] = current if agrees else asked
         clear = est.flips_a_clear_bucket(current, targets[sku])
         damped = damp(
@@ -355,15 +426,16 @@ def _decide(
         if not auto:
             verb = "ThresholdRecommended"
         events.append(Event(verb, f"{sku}: {damped.message} ({est.reason})"))
-    main = max(per_sku, key=lambda s: (s.pods, s.sku))
+    # SKUs this window did not see (pods unscraped, or scaled away for now) keep theirs
+    unseen = [p for p in state.per_sku if p.sku not in estimates] if measured_before else []
+    main = max(per_sku, key=lambda s: (s.pods, s.sku))  # the crossover this window measured
     main_estimate = estimates[main.sku]
-    recommended = targets[main.sku]
+    per_sku += unseen
+    deployment = max(per_sku, key=lambda s: (s.pods, s.sku))  # what the ConfigMap carries
     threshold = ThresholdStatus(
-        current=main.threshold if auto else state.threshold.current,
-        recommended=recommended,
-        source="Measured"
-        if auto and (changed or state.threshold.source == "Measured")
-        else state.threshold.source,
+        current=deployment.threshold if auto else state.threshold.current,
+        recommended=targets[main.sku],
+        source="Measured" if auto and (changed or measured_before) else state.threshold.source,
     )
     crossover = CrossoverStatus(
         batchSize=main.batchSize,
@@ -373,13 +445,14 @@ def _decide(
         replicas=obs.replicas,
         curve=main_estimate.compact_curve(),
     )
+    key = cal.config or SpeculationKey(**dataclasses.asdict(SpecKey.of(spec)))
     baseline = Baseline(
         replicas=obs.replicas,
         skus=sorted(window.skus),
-        model=spec.model.name,
-        draft=spec.speculation.draft,
-        method=spec.speculation.method,
-        k=spec.speculation.numSpeculativeTokens,
+        model=key.model,
+        draft=key.draft,
+        method=key.method,
+        k=key.k,
         measuredAt=_iso(now),
         traffic=_traffic_dict(window.traffic),  # the load the crossover was measured under
         bounds={
@@ -398,8 +471,9 @@ def _decide(
         update |= {
             "phase": "Verifying",
             "changedAt": _iso(now),
-            "previous": list(state.per_sku)
-            or [SkuThreshold(sku=s, threshold=state.threshold.current) for s in estimates],
+            "previous": list(state.per_sku) if measured_before else [],
+            "previousThreshold": state.threshold,
+            "unverified": None,
         }
     new = State(
         threshold=threshold,
@@ -411,7 +485,8 @@ def _decide(
 
 
 def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: FleetWindow) -> Step:
-    """Keep the change unless goodput fell beyond noise; then put the old thresholds back."""
+    """Keep the change once goodput did not fall beyond noise; put the old thresholds back
+    when it did, or when no verdict comes within `VERIFY_WINDOWS` windows."""
     cal = state.calibration
     assert cal.changedAt is not None
     elapsed = (obs.now - _time(cal.changedAt)).total_seconds()
@@ -419,26 +494,58 @@ def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: Fl
         return Step(state)
     before = _traffic(cal.before)
     if before is None:
-        return _finish(state, obs.now, Event("ThresholdVerified", "no traffic before the change"))
-    decode = same_mix_speedup(_sums(cal.beforeSteps), served(window.steps))
-    check = compare_goodput(before, window.traffic, decode)
-    queueing = queueing_warning(before, window.traffic)
-    warned = (Event("SpeculationQueueing", queueing, warning=True),) if queueing else ()
-    if check.verdict != "roll_back":
+        check = GoodputCheck("unknown", "no traffic was recorded before the change")
+        warned: tuple[Event, ...] = ()
+    else:
+        decode = same_mix_speedup(_sums(cal.beforeSteps), served(window.steps))
+        check = compare_goodput(before, window.traffic, decode)
+        queueing = queueing_warning(before, window.traffic)
+        warned = (Event("SpeculationQueueing", queueing, warning=True),) if queueing else ()
+    if check.verdict == "keep":
         return _finish(state, obs.now, *warned, Event("ThresholdVerified", check.message))
+    if check.verdict == "roll_back":
+        return _roll_back(spec, state, obs.now, check.message, *warned)
+    return _unverified(spec, state, obs.now, check.message, *warned)
+
+
+def _unverified(
+    spec: SpecDeploymentSpec, state: State, now: datetime, why: str, *events: Event
+) -> Step:
+    """No verdict yet: verification goes on (one Event says so) until `VERIFY_WINDOWS`
+    windows after the change, then the change is rolled back: kept only on evidence."""
+    cal = state.calibration
+    assert cal.changedAt is not None
+    window = timedelta(seconds=spec.tuning.calibrationWindowSeconds)
+    deadline = _time(cal.changedAt) + VERIFY_WINDOWS * window
+    if now >= deadline:
+        return _roll_back(spec, state, now, f"not verified within {VERIFY_WINDOWS} windows: {why}")
+    if now - _time(cal.changedAt) < window:
+        return Step(state, events)  # the first verdict is not due yet
+    if cal.unverified is None:
+        until = f"until {_iso(deadline)}, then rolled back unless a check decides"
+        events += (Event("VerificationExtended", f"{why}: verification goes on {until}"),)
+    extended = dataclasses.replace(state, calibration=cal.model_copy(update={"unverified": why}))
+    return Step(extended, events)
+
+
+def _roll_back(
+    spec: SpecDeploymentSpec, state: State, now: datetime, why: str, *events: Event
+) -> Step:
+    """The thresholds before the change, and where they came from (a spec value given back
+    to the spec), with the new measurement kept as the recommendation."""
+    cal = state.calibration
     previous = tuple(cal.previous)
-    main = max(previous, key=lambda s: (s.pods, s.sku)) if previous else None
+    before = cal.previousThreshold or state.threshold
+    threshold = before.model_copy(update={"recommended": state.threshold.recommended})
     rolled = State(
-        threshold=state.threshold.model_copy(
-            update={"current": main.threshold if main else state.threshold.current}
-        ),
+        threshold=threshold,
         crossover=state.crossover,
         per_sku=previous,
-        calibration=cal.model_copy(update={"changedAt": _iso(obs.now)}),
+        calibration=cal.model_copy(update={"changedAt": _iso(now)}),
     )
-    back = ", ".join(f"{s.sku} {s.threshold}" for s in previous)
-    rolled_back = Event("RolledBack", f"{check.message}: back to {back}", warning=True)
-    return _give_up(spec, rolled, obs.now, *warned, rolled_back)
+    back = ", ".join(f"{s.sku} {s.threshold}" for s in previous) or f"{threshold.current}"
+    rolled_back = Event("RolledBack", f"{why}: back to {back}", warning=True)
+    return _give_up(spec, rolled, now, *events, rolled_back)
 
 
 def calibrated(spec: SpecDeploymentSpec, state: State) -> tuple[bool, str, str]:
@@ -455,26 +562,3 @@ def calibrated(spec: SpecDeploymentSpec, state: State) -> tuple[bool, str, str]:
         return True, "Recalibrating", cal.message or ""
     summary = ", ".join(f"{s.sku}: threshold {s.threshold} ({s.reason})" for s in state.per_sku)
     return True, "Recommended" if mode == "Advisory" else "Measured", summary
-
-
-def pod_skus(
-    known: Mapping[str, str], window: FleetWindow | None, live: Iterable[str]
-) -> dict[str, str]:
-    """Pod -> SKU for the live pods: what this window reports, else what an earlier one did.
-    A pod never changes node, so a scrape missed under load does not make its SKU unknown
-    (and its engine pushed the deployment's threshold for one resync)."""
-    seen = dict(known) | ({pod: e.device for pod, e in window.engines.items()} if window else {})
-    return {pod: seen[pod] for pod in live if pod in seen}
-
-
-def record_window(
-    windows: Sequence[tuple[datetime, Traffic]],
-    now: datetime,
-    traffic: Traffic,
-    keep: int = 3,
-) -> list[tuple[datetime, Traffic]]:
-    """The last `keep` consecutive traffic windows the traffic-shift trigger judges: a window
-    read at `now` is added once the last one has fully passed, so windows never overlap."""
-    if windows and (now - windows[-1][0]).total_seconds() < traffic.seconds:
-        return list(windows)
-    return [*windows, (now, traffic)][-keep:]

@@ -68,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         "chart's monitoring.podMonitor: engines would be scraped twice)",
     )
     run.add_argument(
+        "--exploration-lease",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="raised exploration expires on the engines this long after the operator last "
+        "renewed it, should the operator stop (default: 60)",
+    )
+    run.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING"],
@@ -80,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(crd_yaml())
         return 0
     return _run(args)
+
+
+def _positive_seconds(value: str) -> float:
+    seconds = float(value)
+    if not 20 <= seconds <= 86_400:  # two resyncs at least (handlers.RESYNC_SECONDS)
+        raise argparse.ArgumentTypeError(f"must be between 20 and 86400 seconds, got {value}")
+    return seconds
 
 
 def _priority(value: str) -> int:
@@ -111,11 +126,13 @@ def _run(args: argparse.Namespace) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("spectune.operator").info(
-        "starting: namespaces=%s peering=%s priority=%d resync=%.0fs prometheus=%s %s metrics=%s",
+        "starting: namespaces=%s peering=%s priority=%d resync=%.0fs lease=%.0fs prometheus=%s %s "
+        "metrics=%s",
         args.namespace or "all",
         args.peering,
         args.priority,
         handlers.RESYNC_SECONDS,
+        args.exploration_lease,
         args.prometheus_url,
         labels,
         args.metrics_address or "off",
@@ -142,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
             prometheus_url=args.prometheus_url,
             prometheus_labels=labels,
             engine_pod_monitors=args.engine_pod_monitors,
+            exploration_lease=args.exploration_lease,
         ),
     )
     return 0

@@ -12,25 +12,21 @@ import json
 import math
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import Any
+
+from spectune.operator.tuning import Target
 
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 TIMEOUT_SECONDS = 3.0
 
 
-@dataclass(frozen=True)
-class Target:
-    pod: str
-    url: str  # http://IP:PORT
-    threshold: int | None
-    exploration: float
-
-
 def in_step(live: dict[str, Any], target: Target) -> bool:
-    """Whether an engine already runs the target (GET /admin/speculation's answer)."""
-    return live.get("threshold") == target.threshold and math.isclose(
-        float(live.get("exploration", -1.0)), target.exploration, abs_tol=1e-9
+    """Whether an engine already runs the target (GET /admin/speculation's answer): the same
+    threshold, base share and lease (a renewed lease has a later expiry: it is sent again)."""
+    return (
+        live.get("threshold") == target.threshold
+        and math.isclose(float(live.get("exploration", -1.0)), target.exploration, abs_tol=1e-9)
+        and live.get("lease") == (dict(target.lease) if target.lease else None)
     )
 
 
@@ -40,7 +36,11 @@ def sync(target: Target, token: str) -> str | None:
         with HTTP.open(f"{target.url}/admin/speculation", timeout=TIMEOUT_SECONDS) as r:
             if in_step(json.load(r), target):
                 return None
-        body = {"threshold": target.threshold, "exploration": target.exploration}
+        body = {
+            "threshold": target.threshold,
+            "exploration": target.exploration,
+            "lease": dict(target.lease) if target.lease else None,
+        }
         request = urllib.request.Request(
             f"{target.url}/admin/speculation",
             data=json.dumps(body).encode(),

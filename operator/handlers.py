@@ -1,8 +1,10 @@
-"""kopf handlers: thin shells around render (what the children are), kube (apply them)
-and status (what to report). Registered at import.
+"""kopf handlers: thin shells around tuning (what one turn decides), kube (commit it, apply
+the children) and engines (push the settings). Registered at import.
 
-Create, update, resume and a periodic resync all run the same idempotent reconcile,
-so a child edited or deleted by hand is repaired at the next resync.
+One writer per SpecDeployment: a daemon runs every turn, on a resync period and at once when
+the spec changes (the update handler only wakes it). A turn commits status with the
+resourceVersion it read, and only then posts Events and moves the engines; a conflict
+re-reads and re-decides. A child edited or deleted by hand is repaired at the next turn.
 """
 
 from __future__ import annotations
@@ -11,36 +13,24 @@ import logging
 import os
 import secrets
 import socket
+import threading
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
 import kopf
 
-from spectune.operator import autotune, engines, kube, logs, metrics, render
-from spectune.operator.models import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    SpecDeploymentSpec,
-    SpecDeploymentStatus,
-    parse_spec,
-)
-from spectune.operator.prometheus import (
-    PrometheusReader,
-    PrometheusUnavailable,
-    Selector,
-)
-from spectune.operator.status import (
-    condition,
-    merge_patch,
-    prometheus_down,
-    rollout_conditions,
-    threshold_status,
-    unready_pods,
-)
+from spectune.operator import autotune, engines, kube, logs, metrics, render, tuning
+from spectune.operator.fleet_memory import record_window
+from spectune.operator.models import GROUP, KIND, PLURAL, VERSION, SpecDeploymentSpec, parse_spec
+from spectune.operator.prometheus import PrometheusReader, PrometheusUnavailable, Selector
+from spectune.operator.status import unready_pods
 
 RESYNC_SECONDS = 10.0
+# A conflict (another writer moved the object since it was read): the next turn comes soon.
+CONFLICT_RETRY_SECONDS = 1.0
+# Raised exploration expires this long after the last turn that renewed it (--exploration-lease).
+EXPLORATION_LEASE_SECONDS = 60.0
 ANNOTATION_PREFIX = "spectune.io"
 
 
@@ -68,14 +58,8 @@ log = logging.getLogger(__name__)
 
 
 def children(
-    name: str,
-    namespace: str,
-    spec: SpecDeploymentSpec,
-    threshold: int | None,
-    exploration: int,
-    pod_monitor: bool = True,
+    name: str, namespace: str, spec: SpecDeploymentSpec, config: dict, pod_monitor: bool = True
 ) -> list[dict]:
-    config = render.engine_config(spec, threshold, exploration)
     objs = [
         render.config_map(name, namespace, config),
         render.deployment(name, namespace, spec, config),
@@ -86,7 +70,7 @@ def children(
     return objs
 
 
-def _apply_child(body: kopf.Body, child: dict) -> dict:
+def _apply_child(body: dict, child: dict) -> dict:
     """Server-side apply, with an Event when it changed something: drift repaired, or the
     desired state itself moved (exploration raised for a calibration, a threshold, a spec edit),
     so the Event does not claim which."""
@@ -115,70 +99,39 @@ def observe(
     pods: list[dict],
     now: datetime,
 ) -> autotune.Observation:
-    """Read this SpecDeployment's engines from Prometheus (blocking: a sync handler)."""
+    """Read this SpecDeployment's engines from Prometheus (blocking: the daemon's thread);
+    Manual reads nothing, the pin needs no measurement."""
     unready = unready_pods(pods)
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     ready = len(live) - len(unready)
     settled = ready == spec.replicas == len(live)
+    if spec.speculation.threshold.mode == "Manual":
+        return autotune.Observation(now, ready, settled, None)
     seconds = autotune.window_seconds(spec, state.calibration, now)
+    selector = Selector(namespace, name, memo.prometheus_labels)
+    queried = selector.matchers()
     try:
-        window = prometheus(memo.prometheus_url).read(
-            Selector(namespace, name, memo.prometheus_labels), seconds
-        )
+        window = prometheus(memo.prometheus_url).read(selector, seconds)
     except PrometheusUnavailable as err:
-        return autotune.Observation(now, ready, settled, None, error=str(err))
-    if state.calibration.phase == "Idle":
-        memo.traffic = autotune.record_window(memo.get("traffic", []), now, window.traffic)
-    return autotune.Observation(now, ready, settled, window, memo.get("traffic", []))
+        return autotune.Observation(now, ready, settled, None, error=str(err), selector=queried)
+    recent = memo.get("traffic", [])
+    return autotune.Observation(now, ready, settled, window, recent, selector=queried)
 
 
-def push(
-    name: str,
-    namespace: str,
-    spec: SpecDeploymentSpec,
-    state: autotune.State,
-    pods: list[dict],
-    skus: dict[str, str],
-) -> None:
-    """Every ready engine to its SKU's threshold and the phase's exploration (admin API);
-    `skus`: pod -> SKU, where known."""
+def push(name: str, namespace: str, targets: tuple[tuning.Target, ...]) -> None:
+    """Every ready engine to its settings through the admin API (the ConfigMap carries the
+    deployment's; this brings each pod to its SKU's within one turn)."""
     token = kube.secret_value(namespace, render.child_names(name)["token"], render.TOKEN_KEY)
-    unready = {u.split(":", 1)[0] for u in unready_pods(pods)}
-    for pod in pods:
-        pod_name, ip = pod["metadata"]["name"], (pod.get("status") or {}).get("podIP")
-        if pod_name in unready or not ip or pod["metadata"].get("deletionTimestamp"):
-            continue
-        threshold, percent = autotune.engine_settings(spec, state, skus.get(pod_name))
-        url = f"http://{ip}:{spec.engine.port}"
-        error = engines.sync(engines.Target(pod_name, url, threshold, percent / 100), token)
-        if error:
+    for target in targets:
+        if error := engines.sync(target, token):
             log.warning(
                 "%s/%s: admin API: %s (the ConfigMap still carries it)", namespace, name, error
             )
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, idle=0)
-def reconcile(
-    body: kopf.Body,
-    spec: kopf.Spec,
-    name: str,
-    namespace: str,
-    status: kopf.Status,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    desired = parse_spec(dict(spec))
-    saved = SpecDeploymentStatus.model_validate(dict(status))
-    state = autotune.State(
-        threshold=threshold_status(desired, saved.threshold),
-        crossover=saved.crossover,
-        per_sku=tuple(saved.perSku),
-        calibration=saved.calibration,
-    )
+def ensure_token(body: dict) -> None:
+    """The engines' admin token: generated once, never overwritten."""
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     token = render.token_secret(name, namespace, secrets.token_urlsafe(32))
     kopf.adopt(token, owner=body)
     if kube.create_if_absent(token):
@@ -187,56 +140,78 @@ def reconcile(
             reason="Created",
             message=f"created Secret {token['metadata']['name']} (admin token)",
         )
+
+
+def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
+    """Read, decide, commit, then act. False: another writer moved the object first (nothing
+    was acted on; the next turn re-reads)."""
+    body = kube.get(f"{GROUP}/{VERSION}", KIND, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return True
+    desired = parse_spec(body["spec"])
+    status = body.get("status") or {}
+    ensure_token(body)
     now = datetime.now(UTC).replace(microsecond=0)
     pods = kube.list_pods(namespace, render.selector_string(name))
-    observation = None
-    if desired.speculation.threshold.mode != "Manual" or state.calibration.phase != "Idle":
-        observation = observe(memo, name, namespace, desired, state, pods, now)
-        tuned = autotune.step(desired, state, observation)
-        metrics.COUNTERS.record(namespace, name, state, observation, tuned)
-        state = tuned.state
-        for event in tuned.events:
-            post = kopf.warn if event.warning else kopf.info
-            post(body, reason=event.reason, message=event.message)
-    live = {
-        c["kind"]: _apply_child(body, c)
-        for c in children(
-            name,
-            namespace,
-            desired,
-            *autotune.engine_settings(desired, state, None),
-            pod_monitor=memo.get("engine_pod_monitors", True),
-        )
-    }
-    if desired.speculation.threshold.mode != "Manual":
-        memo.skus = autotune.pod_skus(
-            memo.get("skus", {}),
-            observation and observation.window,
-            (p["metadata"]["name"] for p in pods),
-        )
-        push(name, namespace, desired, state, pods, memo.skus)
-    rollout = live["Deployment"].get("status") or {}
-    unready = unready_pods(pods)
-    previous = list(status.get("conditions") or [])
-    conditions = rollout_conditions(desired.replicas, rollout, unready, previous, now)
-    conditions.append(condition("Calibrated", *autotune.calibrated(desired, state), now, previous))
-    if observation is not None and observation.error:
-        conditions = prometheus_down(conditions, observation.error, now, previous)
-    patch.status.update(
-        {
-            "observedGeneration": body.metadata.get("generation"),
-            "replicas": rollout.get("replicas") or 0,
-            "readyReplicas": rollout.get("readyReplicas") or 0,
-            "selector": render.selector_string(name),
-            "threshold": state.threshold.model_dump(),
-            # None deletes a field in a merge patch: a crossover no longer crossed loses its
-            # batch size, and its curve the buckets this measurement did not reach (nulls
-            # inside lists would not validate, so theirs are left out)
-            "crossover": merge_patch(status.get("crossover"), state.crossover.model_dump()),
-            "perSku": [s.model_dump(exclude_none=True) for s in state.per_sku],
-            "calibration": merge_patch(
-                status.get("calibration"), state.calibration.model_dump(exclude_none=True)
-            ),
-            "conditions": [c.model_dump(mode="json", exclude_none=True) for c in conditions],
-        }
+    state = tuning.saved_state(desired, status)
+    observation = observe(memo, name, namespace, desired, state, pods, now)
+    deployment = kube.get(
+        "apps/v1", "Deployment", namespace, render.child_names(name)["deployment"]
     )
+    result = tuning.tune(
+        name,
+        desired,
+        status,
+        body["metadata"].get("generation"),
+        pods,
+        (deployment or {}).get("status") or {},
+        observation,
+        memo.get("skus", {}),
+        memo.get("exploration_lease", EXPLORATION_LEASE_SECONDS),
+    )
+    if not kube.commit_status(body, result.status):
+        log.info("%s/%s: changed since read; re-reading before acting", namespace, name)
+        return False
+    memo.skus = result.skus
+    if observation.window is not None and result.state.calibration.phase == "Idle":
+        memo.traffic = record_window(memo.get("traffic", []), now, observation.window.traffic)
+    metrics.COUNTERS.record(
+        namespace, name, state, observation, autotune.Step(result.state, result.events)
+    )
+    for event in result.events:
+        post = kopf.warn if event.warning else kopf.info
+        post(body, reason=event.reason, message=event.message)
+    pod_monitor = memo.get("engine_pod_monitors", True)
+    for child in children(name, namespace, desired, result.config, pod_monitor=pod_monitor):
+        _apply_child(body, child)
+    push(name, namespace, result.engines)
+    log.debug("%s/%s: turn committed (%s)", namespace, name, result.state.calibration.phase)
+    return True
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=RESYNC_SECONDS)
+def tune_continuously(
+    name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """The one writer: a turn every RESYNC_SECONDS, or sooner when woken. An error in a
+    turn is logged and the next turn retries: one failed API call must not stop tuning."""
+    wake = memo.setdefault("wake", threading.Event())
+    while not stopped:
+        wake.clear()
+        try:
+            done = turn(name, namespace, memo)
+        except Exception:
+            log.exception("%s/%s: turn failed; retrying in %.0f s", namespace, name, RESYNC_SECONDS)
+            done = True
+        pause = RESYNC_SECONDS if done else CONFLICT_RETRY_SECONDS
+        waited = 0.0
+        while waited < pause and not stopped and not wake.is_set():
+            stopped.wait(0.2)
+            waited += 0.2
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def spec_changed(memo: kopf.Memo, **_: Any) -> None:
+    """Wake the daemon: a spec change (a kubectl edit, an HPA's scale) is acted on at once."""
+    if (wake := memo.get("wake")) is not None:
+        wake.set()

@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
 from kubernetes.dynamic.resource import Resource
 
 FIELD_MANAGER = "spectune-operator"
@@ -56,6 +56,32 @@ def resource_version(obj: dict[str, Any]) -> str | None:
     except NotFoundError:
         return None
     return live.metadata.resourceVersion
+
+
+def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """The live object as a plain dict, or None when it does not exist."""
+    try:
+        return resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
+    except NotFoundError:
+        return None
+
+
+def commit_status(obj: dict[str, Any], status: dict[str, Any]) -> bool:
+    """Merge-patch `status` onto the status subresource of `obj` as it was read: the patch
+    carries its resourceVersion, so the API server refuses it (False) when anything wrote the
+    object since, and the caller re-reads and re-decides instead of overwriting."""
+    meta = obj["metadata"]
+    body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+    try:
+        _resource(obj).status.patch(
+            body=body,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            content_type="application/merge-patch+json",
+        )
+    except ConflictError:
+        return False
+    return True
 
 
 def apply(obj: dict[str, Any]) -> dict[str, Any]:

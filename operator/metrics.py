@@ -118,6 +118,7 @@ OUTCOMES = {
     "CalibrationFailed": "failed",
     "CalibrationAborted": "aborted",
     "CalibrationCancelled": "cancelled",
+    "CalibrationRestarted": "restarted",
     "ThresholdRecommended": "recommended",
     "ThresholdKept": "kept",
 }

@@ -150,7 +150,7 @@ class SpecDeploymentSpec(Spec):
 
 
 class Condition(BaseModel):
-    type: Literal["Ready", "Calibrated", "Progressing", "Degraded"]
+    type: Literal["Ready", "Calibrated", "Progressing", "Degraded", "MetricsAvailable"]
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str = ""
@@ -221,6 +221,15 @@ class Baseline(BaseModel):
     )
 
 
+class SpeculationKey(BaseModel):
+    """The spec fields a speedup curve belongs to: a curve of one is no evidence for another."""
+
+    model: str
+    draft: str | None = None
+    method: str
+    k: int
+
+
 class CalibrationStatus(BaseModel):
     """Calibration state: kept here, a restarted operator resumes it (no engine left exploring)."""
 
@@ -235,8 +244,21 @@ class CalibrationStatus(BaseModel):
         description="no trigger before this: the last calibration ended without a measurement "
         "kept (failed, aborted, cancelled or rolled back)",
     )
+    config: SpeculationKey | None = Field(
+        None, description="the configuration this calibration measures (a spec change ends it)"
+    )
     previous: list[SkuThreshold] = Field(
-        default_factory=list, description="thresholds before the last change (for roll back)"
+        default_factory=list,
+        description="per-SKU thresholds before the last change (for roll back); empty when "
+        "none was measured",
+    )
+    previousThreshold: ThresholdStatus | None = Field(
+        None, description="the threshold before the last change, and where it came from"
+    )
+    unverified: str | None = Field(
+        None,
+        description="why the goodput check after the last change could not decide yet: "
+        "verification goes on, and the change is rolled back if it never can",
     )
     before: dict[str, float] = Field(
         default_factory=dict, description="traffic before the last change (goodput check)"

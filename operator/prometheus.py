@@ -84,9 +84,10 @@ class PrometheusReader:
             url=url, retry=Retry(total=0), timeout=timeout_seconds
         )
 
-    def _query(self, query: str) -> list[dict[str, Any]]:
+    def _query(self, query: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query, at `at` (unix seconds) or Prometheus's now."""
         try:
-            result = self.client.custom_query(query)
+            result = self.client.custom_query(query, params={"time": at} if at else None)
         except (requests.RequestException, PrometheusApiClientException, ValueError) as e:
             raise PrometheusUnavailable(f"{query}: {e}") from e
         if not isinstance(result, list) or not all(
@@ -96,25 +97,38 @@ class PrometheusReader:
         return result
 
     def _per_pod(
-        self, query: str, pods: Mapping[str, EngineInfo], pod_label: str, by: tuple[str, ...] = ()
+        self,
+        query: str,
+        at: float,
+        pods: Mapping[str, EngineInfo],
+        pod_label: str,
+        by: tuple[str, ...] = (),
     ) -> PerPod:
         """(values of `by`) -> pod -> value, for the fresh, warm pods in `pods` only."""
         out: PerPod = {}
-        for r in self._query(query):
+        for r in self._query(query, at):
             pod = r["metric"].get(pod_label)
             if pod in pods:
                 key = tuple(r["metric"].get(label, "") for label in by)
                 out.setdefault(key, {})[pod] = _number(r["value"][1], query)
         return out
 
-    def engines(self, selector: Selector) -> dict[str, EngineInfo]:
-        """Pod -> info for the warm engines scraped within `stale_after_seconds`."""
+    def now(self) -> float:
+        """Prometheus's own clock: every query of one read is evaluated at this instant, so
+        a bucket's steps, tokens and seconds never straddle a scrape."""
+        result = self._query("vector(time())")
+        if not result:
+            raise PrometheusUnavailable("vector(time()): an empty answer")
+        return _number(result[0]["value"][0], "evaluation time")
+
+    def engines(self, selector: Selector, at: float | None = None) -> dict[str, EngineInfo]:
+        """Pod -> info for the warm engines scraped within `stale_after_seconds` of `at`."""
         info = f"{c.ENGINE_INFO}{selector.matchers()}"
         query = f"timestamp({info})"
         if self.warm_up > 0:  # and: the engines up then too (matched on all labels but name)
             query += f" and {info} offset {round(self.warm_up * 1000)}ms"
         found = {}
-        for r in self._query(query):
+        for r in self._query(query, at):
             m, (now, scraped) = r["metric"], r["value"]
             age = _number(now, "evaluation time") - _number(scraped, c.ENGINE_INFO)
             pod = m.get(selector.labels.pod)
@@ -134,13 +148,14 @@ class PrometheusReader:
 
     def read(self, selector: Selector, window_seconds: int) -> FleetWindow:
         """Step sums per (SKU, mode, bucket) and traffic over the last `window_seconds`."""
-        pods = self.engines(selector)
+        at = self.now()
+        pods = self.engines(selector, at)
         sel, w, pod = selector.matchers(), f"[{int(window_seconds)}s]", selector.labels.pod
 
         def increase(metric: str, matchers: str = sel, by: tuple[str, ...] = ()) -> PerPod:
             labels = ",".join((pod, *by))
             query = f"sum by ({labels}) (increase({metric}{matchers}{w}))"
-            return self._per_pod(query, pods, pod, by)
+            return self._per_pod(query, at, pods, pod, by)
 
         by_step = ("mode", "batch")
         counts = increase(f"{c.STEP_SECONDS}_count", by=by_step)
@@ -166,7 +181,7 @@ class PrometheusReader:
             return sum(values) if values else None
 
         def mean_gauge(metric: str) -> dict[str, float]:
-            return self._per_pod(f"avg_over_time({metric}{sel}{w})", pods, pod).get((), {})
+            return self._per_pod(f"avg_over_time({metric}{sel}{w})", at, pods, pod).get((), {})
 
         running = mean_gauge(c.NUM_REQUESTS_RUNNING)
         admitted = mean_gauge(c.ADMITTED_CONCURRENCY)

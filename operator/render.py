@@ -2,14 +2,16 @@
 
 The engine's settings live in a ConfigMap mounted into every pod. The engine watches
 that file but reloads only the run-time part of its speculation section (threshold,
-hysteresis, exploration), so the pod template carries a hash of everything else: a new
-model, draft, method, k, SLO or batch limit rolls the Deployment, a new threshold does not.
+hysteresis, exploration and its lease), so the pod template carries a hash of everything
+else: a new model, draft, method, k, SLO or batch limit rolls the Deployment, a new threshold
+does not.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -24,7 +26,7 @@ ENGINE_LABEL = "spectune-engine"
 GPU_RESOURCE = "nvidia.com/gpu"
 CONFIG_HASH_ANNOTATION = "spectune.io/start-config-hash"
 # The engine applies these from its watched config file without a restart.
-RELOADED_SPECULATION = frozenset({"threshold", "hysteresis", "exploration"})
+RELOADED_SPECULATION = frozenset({"threshold", "hysteresis", "exploration", "lease"})
 
 
 def labels(name: str) -> dict[str, str]:
@@ -54,9 +56,13 @@ def child_names(name: str) -> dict[str, str]:
 
 
 def engine_config(
-    spec: SpecDeploymentSpec, threshold: int | None, exploration_percent: int
+    spec: SpecDeploymentSpec,
+    threshold: int | None,
+    exploration_percent: int,
+    lease: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The engine's settings file (see engine/serving/settings.py for its schema)."""
+    """The engine's settings file (see engine/serving/settings.py for its schema); `lease`:
+    raised exploration until a unix time (`speculation.lease`)."""
     s = spec.speculation
     config: dict[str, Any] = {
         "model": spec.model.name,
@@ -65,6 +71,7 @@ def engine_config(
             "k": s.numSpeculativeTokens,
             "threshold": threshold,
             "exploration": exploration_percent / 100,
+            **({"lease": dict(lease)} if lease else {}),
         },
         "slo": {"ttft_ms": spec.slo.ttftMilliseconds, "tpot_ms": spec.slo.tpotMilliseconds},
         "max_batch_size": spec.engine.maxBatchSize,

@@ -64,6 +64,17 @@ def unready_pods(pods: list[dict[str, Any]]) -> list[str]:
     return sorted(out)
 
 
+def ready_since(pod: dict[str, Any]) -> datetime | None:
+    """When the pod's Ready condition last turned True; None when it is not Ready (or its
+    kubelet wrote no time)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+    since = ready.get("lastTransitionTime")
+    if ready.get("status") != "True" or not since:
+        return None
+    return datetime.fromisoformat(str(since).replace("Z", "+00:00"))
+
+
 def ready_message(ready: int, desired: int, unready: list[str]) -> str:
     """How many engines serve, and why the first unready one does not."""
     message = f"{ready}/{desired} engine replicas ready"

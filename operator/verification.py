@@ -58,16 +58,18 @@ def same_mix_speedup(
     window's tokens would have taken at the before window's rate there, over the seconds they
     took. A threshold changes the mode bucket by bucket while the load moves the batch mix
     (a bigger batch decodes more tokens per second in either mode), so a fleet-wide tokens
-    per busy second would mistake a load change for the threshold's effect. None when no
+    per busy second would mistake a load change for the threshold's effect. A bucket that
+    decoded no tokens before has no rate to compare with and is left out. None when no
     bucket compares."""
     would, took, total = 0.0, 0.0, 0.0
     for sku, buckets in after.items():
         for bucket, now in buckets.items():
             total += now.seconds
             then = before.get(sku, {}).get(bucket)
-            if then is None or then.throughput is None or min(then.steps, now.steps) < min_steps:
+            rate = then.throughput if then is not None else None
+            if not rate or min(then.steps, now.steps) < min_steps:  # no rate, or none decoded
                 continue
-            would += now.tokens / then.throughput
+            would += now.tokens / rate
             took += now.seconds
     if took <= 0:
         return None

@@ -28,7 +28,16 @@ ENGINE_PARTS = ("spectune.engine.serving", "spectune.engine.bench", "spectune.en
 # The operator's decisions: pure functions of what was observed, tested without a cluster.
 DECISIONS = tuple(
     f"spectune.operator.{m}"
-    for m in ("autotune", "triggers", "estimator", "damping", "verification", "observations")
+    for m in (
+        "autotune",
+        "triggers",
+        "estimator",
+        "damping",
+        "verification",
+        "observations",
+        "fleet_memory",
+        "tuning",
+    )
 )
 IO = (
     "kopf",

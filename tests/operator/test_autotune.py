@@ -18,8 +18,6 @@ from spectune.operator.autotune import (
     Observation,
     State,
     engine_settings,
-    pod_skus,
-    record_window,
     step,
     window_seconds,
 )
@@ -495,16 +493,6 @@ def test_two_skus_get_a_threshold_each() -> None:
     assert state.crossover.sku == L4
 
 
-def test_a_pods_sku_outlives_a_missed_scrape_but_not_the_pod() -> None:
-    known = pod_skus({}, window(pods={"e-0": H100, "e-1": L4}), ["e-0", "e-1"])
-    assert known == {"e-0": H100, "e-1": L4}
-    # e-1 stale in this window (a late scrape): still an L4, not the deployment's threshold
-    known = pod_skus(known, window(pods={"e-0": H100}), ["e-0", "e-1", "e-2"])
-    assert known == {"e-0": H100, "e-1": L4}
-    assert pod_skus(known, None, ["e-1"]) == {"e-1": L4}  # Prometheus down: the same
-    assert pod_skus(known, window(pods={"e-2": H100}), ["e-2"]) == {"e-2": H100}  # gone: forgotten
-
-
 def test_windows_follow_the_phase() -> None:
     s = spec()
     idle = CalibrationStatus()
@@ -512,13 +500,3 @@ def test_windows_follow_the_phase() -> None:
     exploring = CalibrationStatus(phase="Exploring", startedAt=T0.isoformat())
     assert window_seconds(s, exploring, T0 + timedelta(seconds=45)) == 45
     assert window_seconds(s, exploring, T0 + timedelta(seconds=2)) == autotune.MIN_WINDOW_SECONDS
-
-
-def test_traffic_windows_are_consecutive_and_bounded() -> None:
-    w: list = []
-    for i in range(10):
-        w = record_window(w, T0 + timedelta(seconds=10 * i), traffic(rate=i))
-    assert [t.request_rate for _, t in w] == [0.0, 6.0]  # 60 s apart: 0, 60 (and 120 pending)
-    for i in range(10, 30):
-        w = record_window(w, T0 + timedelta(seconds=10 * i), traffic(rate=i))
-    assert [t.request_rate for _, t in w] == [12.0, 18.0, 24.0]

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from .support import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 BASE_EXPLORATION = 0.02  # tuning.explorationPercent's default, as a share
+LEASE = 20.0  # --exploration-lease: short, so that the killed operator's runs out in the test
 PRIORITY = 171
 NAME = "tuned"
 # the shared deployment's load: the module's tests take some 15 minutes at most
@@ -106,7 +108,7 @@ class Operator:
         self.peering = f"lifecycle-{uuid.uuid4().hex[:6]}"
         self.args = (cluster, admin, tmp, yaml.safe_load(RULES.read_text()))
         self.extra = ["--namespace", namespace, "--peering", self.peering,
-                      "--prometheus-url", url]  # fmt: skip
+                      "--prometheus-url", url, "--exploration-lease", str(LEASE)]  # fmt: skip
         self.runs: list[OperatorProcess] = []
 
     def start(self) -> None:
@@ -197,11 +199,11 @@ def calibration_phase(admin: client.ApiClient, namespace: str, name: str) -> str
 
 
 def exploring(url: str) -> bool | None:
-    return speculation(url)["exploration"] > 0.2 or None
+    return speculation(url)["effective_exploration"] > 0.2 or None
 
 
 def at_base(url: str) -> bool | None:
-    return speculation(url)["exploration"] == pytest.approx(BASE_EXPLORATION) or None
+    return speculation(url)["effective_exploration"] == pytest.approx(BASE_EXPLORATION) or None
 
 
 def finished_after(
@@ -335,11 +337,13 @@ def test_a_replica_change_recalibrates(admin: client.ApiClient, calibrated: Flee
     print(f"\nreplica trigger: {message}")
 
 
-def test_a_killed_operator_resumes_the_calibration_and_leaves_no_engine_exploring(
+def test_a_killed_operator_leaves_no_engine_exploring_and_the_next_resumes(
     admin: client.ApiClient, calibrated: Fleet
 ) -> None:
-    """Back to one replica (another calibration), and the operator SIGKILLed while it explores:
-    the phase lives in status, so the next operator resumes and finishes it."""
+    """Back to one replica (another calibration), and the operator SIGKILLed while it explores
+    and kept down: the engine's exploration lease runs out and it returns to its base share by
+    itself. The phase lives in status, so the next operator resumes the calibration and
+    finishes it."""
     namespace, operator = calibrated.namespace, calibrated.operator
     scale(admin, namespace, 1)
     calibrated.pods = wait_until(
@@ -348,19 +352,20 @@ def test_a_killed_operator_resumes_the_calibration_and_leaves_no_engine_explorin
     calibrated.load.retarget(urls(calibrated.pods))
     url = calibrated.url
 
-    # the operator raises exploration on the engines before it writes the phase to status
-    # (kopf patches status after the handler): the engine alone may explore for a moment
-    def calibrating() -> bool | None:
-        phase = calibration_phase(admin, namespace, NAME)
-        return (exploring(url) and phase == "Exploring") or None
-
-    wait_until("exploration raised, and Exploring in status", calibrating, timeout=120)
+    wait_until("exploration raised", lambda: exploring(url), timeout=120)
+    # commit then act: status said Exploring before any engine explored
+    assert calibration_phase(admin, namespace, NAME) == "Exploring"
     assert calibration_started(admin, namespace, NAME, "replicas changed from 2 to 1")
     operator.kill()
+    killed = time.monotonic()
     try:
+        # the lease expires one to one and a half leases after the last renewal
+        wait_until("exploration back at its base, the operator down", lambda: at_base(url), 45)
+        expired = time.monotonic() - killed
         phase = calibration_phase(admin, namespace, NAME)
     finally:
         operator.start()  # the module's next test needs it whatever happened here
+    print(f"\nexploration back at its base {expired:.0f} s after the kill (lease {LEASE:.0f} s)")
     assert phase == "Exploring", phase
     wait_until(
         "the restarted operator finishing the calibration",
@@ -403,17 +408,23 @@ def test_a_gpu_sku_change_recalibrates_on_the_new_sku(
     print(f"\nSKU trigger: {message}; {a100}")
 
 
-def test_a_stopped_prometheus_leaves_no_engine_exploring_and_recovers(
+def test_a_change_is_verified_or_rolled_back_after_prometheus_comes_back(
     admin: client.ApiClient, prometheus: OwnPrometheus, calibrated: Fleet
 ) -> None:
-    """Prometheus stopped while a re-check (the measurement's maximum age, a minute) explores:
-    Degraded, the threshold kept, exploration lowered on the engine; started again, the
-    operator recovers by itself and calibrates again."""
+    """A re-check (the measurement's maximum age, a minute) that must move the threshold (its
+    maximum lowered to 4), and Prometheus stopped while the change is being verified: Degraded,
+    the change neither kept nor dropped while nothing can be read; started again, the change is
+    verified or rolled back with an Event that says so, never silently kept."""
     namespace, url = calibrated.namespace, calibrated.url
-    patch_sd(admin, namespace, NAME, {"tuning": {"maxAgeSeconds": 60}})
-    threshold = speculation(url)["threshold"]
-    wait_until("exploring again", lambda: exploring(url), timeout=150)
+    before = speculation(url)["threshold"]
+    assert before > 4, before  # the A100's measured threshold (12 on this fleet)
+    patch_sd(admin, namespace, NAME, {"tuning": {"maxAgeSeconds": 60},
+                                      "speculation": {"threshold": {"max": 4}}})  # fmt: skip
+    wait_until("Verifying the move to 4", lambda: calibration_phase(admin, namespace, NAME)
+               == "Verifying" or None, timeout=180)  # fmt: skip
+    assert speculation(url)["threshold"] == 4
     prometheus.stop()
+    stopped = datetime.now(UTC).timestamp()
     degraded = wait_until(
         "Degraded=True (Prometheus unavailable)",
         lambda: (
@@ -422,22 +433,50 @@ def test_a_stopped_prometheus_leaves_no_engine_exploring_and_recovers(
         timeout=60,
     )
     assert degraded["reason"] == "PrometheusUnavailable", degraded
-    wait_until("exploration lowered without Prometheus", lambda: at_base(url), 30)
-    assert speculation(url)["threshold"] == threshold
-    status = get_sd(admin, namespace, NAME)["status"]
-    assert status["threshold"]["current"] == threshold
-    assert "CalibrationAborted" in [e.reason for e in events(admin, namespace, NAME)]
-
+    # no verdict without Prometheus: still Verifying, the engine on the changed threshold
+    assert calibration_phase(admin, namespace, NAME) == "Verifying"
+    assert speculation(url)["threshold"] == 4
     prometheus.start()
+
+    def verdict() -> Any:
+        if calibration_phase(admin, namespace, NAME) != "Idle":
+            return None
+        after = [e for e in events(admin, namespace, NAME)
+                 if e.metadata.creation_timestamp.timestamp() >= stopped - 1]  # fmt: skip
+        return next(
+            (e for e in reversed(after) if e.reason in ("ThresholdVerified", "RolledBack")), None
+        )
+
+    event = wait_until("a verdict once Prometheus is back", verdict, timeout=120)
+    expected = 4 if event.reason == "ThresholdVerified" else before
+    assert speculation(url)["threshold"] == expected, (event.reason, event.message)
+    print(f"\nafter Prometheus came back: {event.reason}: {event.message}")
     wait_until(
         "Degraded=False again",
         lambda: sd_condition(admin, namespace, NAME, "Degraded").get("status") == "False",
         timeout=60,
     )
-    recalibrated = wait_until(
-        "a calibration completed after Prometheus came back",
-        lambda: finished_after(admin, namespace, NAME, degraded["lastTransitionTime"]),
-        timeout=180,
-    )
-    print(f"\nrecovered: {recalibrated}")
-    wait_until("exploration at its base", lambda: at_base(url), 30)
+
+
+def test_manual_pins_every_engine_and_auto_measures_again(
+    admin: client.ApiClient, calibrated: Fleet
+) -> None:
+    """Auto -> Manual with a value: every engine runs that value within 30 s, whatever its
+    SKU was measured at; Manual -> Auto starts a calibration from nothing measured."""
+    namespace, url = calibrated.namespace, calibrated.url
+    pinned = 2 if speculation(url)["threshold"] != 2 else 3  # within min 1 and max 4
+    manual = {"mode": "Manual", "value": pinned}
+    patch_sd(admin, namespace, NAME, {"speculation": {"threshold": manual}})
+    wait_until("the pinned value", lambda: speculation(url)["threshold"] == pinned, 30)
+    status = get_sd(admin, namespace, NAME)["status"]
+    assert status["threshold"]["current"] == pinned and status["threshold"]["source"] == "Spec"
+    assert status.get("perSku", []) == []
+    since = datetime.now(UTC).timestamp()
+    patch_sd(admin, namespace, NAME, {"speculation": {"threshold": {"mode": "Auto"}}})
+
+    def started() -> dict[str, Any] | None:
+        cal = get_sd(admin, namespace, NAME)["status"]["calibration"]
+        return cal if cal.get("startedAt") and _t(cal["startedAt"]) >= since - 1 else None
+
+    cal = wait_until("a calibration after Manual -> Auto", started, 60)
+    assert cal["trigger"] == "Initial", cal

@@ -1,5 +1,6 @@
-"""The operator's Prometheus flags without a cluster: target label names from flags, else the
-environment, else the reader's defaults, handed to the handlers in kopf's memo."""
+"""The operator's flags without a cluster: target label names from flags, else the
+environment, else the reader's defaults, and the exploration lease, handed to the handlers in
+kopf's memo."""
 
 from __future__ import annotations
 
@@ -40,4 +41,17 @@ def test_label_names_from_flags_override_the_environment(monkeypatch: pytest.Mon
     given = memo(monkeypatch, "--prometheus-pod-label=pod_name", "--prometheus-instance-label=sd")
     assert given.prometheus_labels == LabelNames(
         namespace="kube_namespace", pod="pod_name", instance="sd"
+    )
+
+
+def test_the_exploration_lease_reaches_the_handlers_and_is_refused_below_two_resyncs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert memo(monkeypatch).exploration_lease == 60.0
+    assert memo(monkeypatch, "--exploration-lease", "30").exploration_lease == 30.0
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--exploration-lease", "5"])
+    assert exit_.value.code == 2
+    assert "--exploration-lease: must be between 20 and 86400 seconds, got 5" in (
+        capsys.readouterr().err
     )

@@ -1,7 +1,7 @@
 """One active operator: a lower-priority replica stays passive until the active one goes.
 
 Passive means over a whole window, not at one moment: from before the SpecDeployment exists,
-through the active replica's reconcile of a change, to two resync ticks after it, the passive
+through the active replica's turn on a change, to two turns after it, the passive
 replica neither runs a handler (its DEBUG log names every handler run) nor posts an Event
 (each Event names the replica that posted it). A module of its own, so no other operator runs.
 """
@@ -23,8 +23,8 @@ from .support import RULES, create, get_or_none, get_sd, specdeployment, start_o
 
 pytestmark = pytest.mark.cluster
 RESUMED = "Resuming operations"
-HANDLER = "'reconcile'"  # kopf names the handler in every line about running it
-TICK = "Timer 'reconcile' succeeded"
+HANDLER = "'tune_continuously'"  # kopf names the daemon when it starts one
+TICK = ": turn committed"  # the daemon's DEBUG line for each turn
 
 
 def instance(operator: OperatorProcess) -> str:
@@ -82,7 +82,8 @@ def test_second_operator_stays_passive_until_the_first_goes(
         wait_until("two resync ticks after it", lambda: text(first_log).count(TICK) >= ticks + 2)
 
         passive = text(second_log)
-        assert HANDLER not in passive and RESUMED not in passive, passive[-2000:]
+        assert HANDLER not in passive and TICK not in passive, passive[-2000:]
+        assert RESUMED not in passive, passive[-2000:]
         events = core.list_namespaced_event(namespace).items
         posters = {
             e.reporting_instance for e in events if e.involved_object.kind == "SpecDeployment"

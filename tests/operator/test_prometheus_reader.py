@@ -51,10 +51,11 @@ class Recorded:
     """A PrometheusConnect that answers every query with `result` and keeps the queries."""
 
     def __init__(self, result: list[dict[str, Any]]) -> None:
-        self.result, self.queries = result, []
+        self.result, self.queries, self.times = result, [], []
 
-    def custom_query(self, query: str) -> list[dict[str, Any]]:
+    def custom_query(self, query: str, params: dict | None = None) -> list[dict[str, Any]]:
         self.queries.append(query)
+        self.times.append((params or {}).get("time"))
         return self.result
 
 
@@ -71,6 +72,23 @@ def test_engines_that_just_started_are_left_out_by_the_query() -> None:
     cold = Recorded([info])
     PrometheusReader("http://unused", warm_up_seconds=0, client=cold).engines(Selector("ns", "sd"))
     assert cold.queries == [f"timestamp({info_sel})"]
+
+
+def test_one_read_evaluates_every_query_at_one_instant() -> None:
+    """A bucket's steps, tokens and seconds, and the traffic, all end at the same instant:
+    Prometheus's own, asked once (each query at its own "now" could straddle a scrape)."""
+    info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
+
+    class Instants(Recorded):  # the clock and the engines; no series for the sums
+        def custom_query(self, query: str, params: dict | None = None) -> list[dict[str, Any]]:
+            result = super().custom_query(query, params)
+            return result if query.startswith(("vector", "timestamp")) else []
+
+    client = Instants([info])
+    PrometheusReader("http://unused", client=client).read(Selector("ns", "sd"), WINDOW)
+    assert client.queries[0] == "vector(time())"
+    assert len(client.queries) > 10 and client.times[0] is None
+    assert set(client.times[1:]) == {1000.0}
 
 
 def test_prometheus_down_is_an_error_not_unknown() -> None:

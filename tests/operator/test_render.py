@@ -146,5 +146,6 @@ def test_no_engine_pod_monitors_leaves_the_pod_monitor_out() -> None:
     """The chart's PodMonitor covers every engine; one per SpecDeployment would scrape twice."""
     from spectune.operator import handlers
 
-    objs = handlers.children("llm", "ns", SPEC, 12, 2, pod_monitor=False)
+    config = render.engine_config(SPEC, 12, 2)
+    objs = handlers.children("llm", "ns", SPEC, config, pod_monitor=False)
     assert [o["kind"] for o in objs] == ["ConfigMap", "Deployment", "Service"]

@@ -1,0 +1,181 @@
+"""One turn of the operator for one SpecDeployment, as a pure function: from the status last
+committed, the spec, the pods and what Prometheus showed, the status to commit next and what
+the engines should run once it is committed. The handler commits first, then acts (DESIGN.md,
+"commit then act"): an operator that dies between the two leaves engines on settings that
+committed state explains, and raised exploration on a lease that expires by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from spectune.operator import autotune, render
+from spectune.operator.autotune import Event, Observation, State
+from spectune.operator.fleet_memory import pod_skus
+from spectune.operator.models import Condition, SpecDeploymentSpec, SpecDeploymentStatus
+from spectune.operator.status import (
+    condition,
+    merge_patch,
+    prometheus_down,
+    ready_since,
+    rollout_conditions,
+    threshold_status,
+    unready_pods,
+)
+
+# A ready engine that Prometheus scrapes has fresh, warm series this long after it became
+# ready (the reader's 15 s warm-up and 30 s staleness); one without them by then is not
+# scraped, and the MetricsAvailable condition says so. Before that it only holds a start.
+SCRAPE_GRACE = timedelta(seconds=45)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one ready engine should run (the admin API's `PUT /admin/speculation` body)."""
+
+    pod: str
+    url: str  # http://IP:PORT
+    threshold: int | None
+    exploration: float  # the base share, 0..1
+    lease: Mapping[str, float] | None  # {"exploration", "until"}: the raise while exploring
+
+
+@dataclass(frozen=True)
+class Turn:
+    state: State
+    events: tuple[Event, ...]
+    status: dict[str, Any]  # a merge patch over the status the turn read
+    config: dict[str, Any]  # the engines' settings file (the ConfigMap)
+    engines: tuple[Target, ...]
+    skus: dict[str, str]  # pod -> SKU, for the next turn
+
+
+def saved_state(spec: SpecDeploymentSpec, status: Mapping[str, Any]) -> State:
+    """The autotuner's state as the last committed status holds it."""
+    saved = SpecDeploymentStatus.model_validate(dict(status))
+    return State(
+        threshold=threshold_status(spec, saved.threshold),
+        crossover=saved.crossover,
+        per_sku=tuple(saved.perSku),
+        calibration=saved.calibration,
+    )
+
+
+def exploration_lease(state: State, now: datetime, lease_seconds: float) -> dict[str, float] | None:
+    """While exploring: the raised share until a unix time, which engines drop by themselves
+    unless a later turn renews it. The expiry is rounded up to half a lease, so that the
+    ConfigMap changes once every half lease rather than every turn, and expires between one
+    and one and a half leases after the last turn that renewed it."""
+    if state.calibration.phase != "Exploring":
+        return None
+    half = lease_seconds / 2
+    until = math.ceil((now.timestamp() + lease_seconds) / half) * half
+    return {"exploration": autotune.CALIBRATION_EXPLORATION_PERCENT / 100, "until": until}
+
+
+def tune(
+    name: str,
+    spec: SpecDeploymentSpec,
+    status: Mapping[str, Any],
+    generation: int | None,
+    pods: list[dict[str, Any]],
+    rollout: Mapping[str, Any],
+    observation: Observation,
+    known_skus: Mapping[str, str],
+    lease_seconds: float,
+) -> Turn:
+    """Step the calibration and derive the status and the engines' settings from the result.
+    `rollout`: the engine Deployment's status; `known_skus`: the last turn's `skus`."""
+    now = observation.now
+    before = saved_state(spec, status)
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    unready = unready_pods(pods)
+    not_ready = {u.split(":", 1)[0] for u in unready}
+    ready = {p["metadata"]["name"]: ready_since(p) for p in live}
+    ready = {pod: since for pod, since in ready.items() if pod not in not_ready}
+    if observation.window is not None:
+        scraped = observation.window.engines
+        missing = tuple(sorted(pod for pod in ready if pod not in scraped))
+        observation = dataclasses.replace(observation, unscraped=missing)
+    tuned = autotune.step(spec, before, observation)
+    state = tuned.state
+    events = tuned.events
+    skus = pod_skus(known_skus, observation.window, (p["metadata"]["name"] for p in live))
+    base = spec.tuning.explorationPercent / 100
+    lease = exploration_lease(state, now, lease_seconds)
+    threshold, _ = autotune.engine_settings(spec, state, None)
+    config = render.engine_config(spec, threshold, spec.tuning.explorationPercent, lease)
+    engines = tuple(
+        Target(
+            pod=p["metadata"]["name"],
+            url=f"http://{p['status']['podIP']}:{spec.engine.port}",
+            threshold=autotune.engine_settings(spec, state, skus.get(p["metadata"]["name"]))[0],
+            exploration=base,
+            lease=lease,
+        )
+        for p in live
+        if p["metadata"]["name"] not in not_ready and (p.get("status") or {}).get("podIP")
+    )
+    previous = list(status.get("conditions") or [])
+    conditions = rollout_conditions(spec.replicas, dict(rollout), unready, previous, now)
+    conditions.append(condition("Calibrated", *autotune.calibrated(spec, state), now, previous))
+    if observation.error:
+        conditions = prometheus_down(conditions, observation.error, now, previous)
+    if spec.speculation.threshold.mode != "Manual":
+        metrics = metrics_available(observation, ready, previous)
+        conditions.append(metrics)
+        was = next((c for c in previous if c.get("type") == metrics.type), {})
+        if metrics.status == "False" and was.get("status") != "False":
+            events += (Event(metrics.reason, metrics.message, warning=True),)
+    patch = {
+        "observedGeneration": generation,
+        "replicas": rollout.get("replicas") or 0,
+        "readyReplicas": rollout.get("readyReplicas") or 0,
+        "selector": render.selector_string(name),
+        "threshold": state.threshold.model_dump(),
+        # None deletes a field in a merge patch: a crossover no longer crossed loses its
+        # batch size, and its curve the buckets this measurement did not reach (nulls
+        # inside lists would not validate, so theirs are left out)
+        "crossover": merge_patch(status.get("crossover"), state.crossover.model_dump()),
+        "perSku": [s.model_dump(exclude_none=True) for s in state.per_sku],
+        "calibration": merge_patch(
+            status.get("calibration"), state.calibration.model_dump(exclude_none=True)
+        ),
+        "conditions": [c.model_dump(mode="json", exclude_none=True) for c in conditions],
+    }
+    return Turn(state, events, patch, config, engines, skus)
+
+
+def metrics_available(
+    observation: Observation, ready: Mapping[str, datetime | None], previous: list[dict]
+) -> Condition:
+    """Whether Prometheus holds fresh series for every ready engine: no calibration starts
+    until it does, and a pod ready for `SCRAPE_GRACE` without them is named, with the selector
+    queried (a PodMonitor nobody selects is the usual cause on a fresh install)."""
+    now = observation.now
+    if observation.window is None:
+        why = f"cannot read Prometheus: {(observation.error or '')[:200]}"
+        return condition("MetricsAvailable", False, "PrometheusUnavailable", why, now, previous)
+    overdue = [
+        pod
+        for pod in observation.unscraped
+        if (since := ready.get(pod)) is None or now - since >= SCRAPE_GRACE
+    ]
+    if overdue:
+        message = (
+            f"no fresh engine series in Prometheus for the ready pods {', '.join(overdue)} "
+            f"(queried with {observation.selector or 'the deployment selector'}): no "
+            "calibration until they are scraped; check that a PodMonitor or scrape config "
+            "selects these pods and keeps the labels the operator's --prometheus-*-label "
+            "flags name"
+        )
+        return condition("MetricsAvailable", False, "EnginesNotScraped", message, now, previous)
+    scraped = len(ready) - len(observation.unscraped)
+    warming = f"; {len(observation.unscraped)} warming up" if observation.unscraped else ""
+    message = f"{scraped} of {len(ready)} ready engines scraped{warming}"
+    return condition("MetricsAvailable", True, "EnginesScraped", message, now, previous)

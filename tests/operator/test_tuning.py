@@ -1,0 +1,129 @@
+"""One turn, without a cluster: what is committed and what the engines are then told. Raised
+exploration goes out only as a lease, Manual reaches every pod, and a pod's SKU picks its
+threshold."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from spectune.operator import autotune, render
+from spectune.operator.tuning import exploration_lease, saved_state, tune
+
+from .machine import H100, L4, T0, curve, fresh, observe, spec, window
+
+LEASE = 60.0
+
+
+def pod(name: str, ip: str = "127.0.0.5", ready: bool = True) -> dict:
+    state = "True" if ready else "False"
+    return {
+        "metadata": {"name": name},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": state}]},
+    }
+
+
+PODS = [pod("e-0", "127.0.0.5"), pod("e-1", "127.0.0.6")]
+ROLLOUT = {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2}
+
+
+def status_of(state: autotune.State) -> dict:
+    return {
+        "threshold": state.threshold.model_dump(),
+        "perSku": [s.model_dump(exclude_none=True) for s in state.per_sku],
+        "calibration": state.calibration.model_dump(exclude_none=True),
+    }
+
+
+def test_a_started_calibration_raises_exploration_only_as_a_lease() -> None:
+    s = spec()
+    t = tune("llm", s, {}, 3, PODS, ROLLOUT, observe(0, window()), {}, LEASE)
+    assert [e.reason for e in t.events] == ["CalibrationStarted"]
+    assert t.status["calibration"]["phase"] == "Exploring" and t.status["observedGeneration"] == 3
+    speculation = t.config["speculation"]
+    assert speculation["exploration"] == 0.02  # the base share stays what the spec says
+    lease = speculation["lease"]
+    assert lease["exploration"] == autotune.CALIBRATION_EXPLORATION_PERCENT / 100
+    assert LEASE <= lease["until"] - T0.timestamp() <= 1.5 * LEASE
+    assert [(e.pod, e.url, e.exploration, e.lease) for e in t.engines] == [
+        ("e-0", "http://127.0.0.5:8000", 0.02, lease),
+        ("e-1", "http://127.0.0.6:8000", 0.02, lease),
+    ]
+    assert render.engine_config(s, 4, 2, lease)["speculation"] == speculation
+
+
+def test_the_lease_changes_once_a_half_lease_and_never_while_idle() -> None:
+    exploring = tune("llm", spec(), {}, 1, PODS, ROLLOUT, observe(0, window()), {}, LEASE).state
+    untils = {
+        exploration_lease(exploring, T0 + timedelta(seconds=t), LEASE)["until"]  # type: ignore[index]
+        for t in range(0, 120, 10)
+    }
+    assert len(untils) == 5  # 12 turns 10 s apart: renewed once every 30 s, not every turn
+    assert exploration_lease(fresh(spec()), T0, LEASE) is None
+
+
+def test_unready_pods_and_pods_without_an_ip_are_not_pushed() -> None:
+    pods = [*PODS, pod("e-2", ready=False), {"metadata": {"name": "e-3"}, "status": {}}]
+    t = tune("llm", spec(), {}, 1, pods, ROLLOUT, observe(0, window()), {}, LEASE)
+    assert [e.pod for e in t.engines] == ["e-0", "e-1"]
+
+
+def test_manual_reaches_every_pod_whatever_its_sku_was_measured_at() -> None:
+    auto = spec()
+    pods = {"e-0": H100, "e-1": L4}
+    state = autotune.step(auto, fresh(auto), observe(0, window(pods=pods))).state
+    both = window({H100: curve(12), L4: curve(32)}, pods=pods)
+    state = autotune.step(auto, state, observe(30, both)).state
+    measured = tune("llm", auto, status_of(state), 1, PODS, ROLLOUT, observe(40, both), {}, LEASE)
+    assert {e.pod: e.threshold for e in measured.engines} == {"e-0": 12, "e-1": 32}
+    manual = spec("Manual", 6)
+    saved = status_of(saved_state(manual, status_of(state)))
+    pinned = tune("llm", manual, saved, 2, PODS, ROLLOUT, observe(50, None), measured.skus, LEASE)
+    assert {e.pod: e.threshold for e in pinned.engines} == {"e-0": 6, "e-1": 6}
+    assert pinned.config["speculation"]["threshold"] == 6
+    assert "lease" not in pinned.config["speculation"]
+
+
+def test_prometheus_down_is_reported_in_the_committed_conditions() -> None:
+    t = tune("llm", spec(), {}, 1, PODS, ROLLOUT, observe(0, None, error="refused"), {}, LEASE)
+    degraded = next(c for c in t.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "PrometheusUnavailable"
+
+
+def ready_since(name: str, ip: str, seconds_before_t0: float) -> dict:
+    p = pod(name, ip)
+    since = T0 - timedelta(seconds=seconds_before_t0)
+    p["status"]["conditions"][0]["lastTransitionTime"] = since.isoformat().replace("+00:00", "Z")
+    return p
+
+
+def metrics_condition(t) -> dict:
+    return next(c for c in t.status["conditions"] if c["type"] == "MetricsAvailable")
+
+
+def test_no_exploration_while_a_ready_engine_has_no_series_and_the_condition_says_why() -> None:
+    """The usual fresh install: a PodMonitor nobody selects. Nothing explores, the condition
+    names the pod and the selector queried within one turn, and one Event says so."""
+    s = spec()
+    pods = [ready_since("e-0", "127.0.0.5", 600), ready_since("e-1", "127.0.0.6", 600)]
+    only_e0 = window(pods={"e-0": H100})
+    obs = observe(0, only_e0, selector='{namespace="ns"}')
+    t = tune("llm", s, {}, 1, pods, ROLLOUT, obs, {}, LEASE)
+    assert t.state.calibration.phase == "Idle" and "lease" not in t.config["speculation"]
+    assert all(e.lease is None for e in t.engines)
+    c = metrics_condition(t)
+    assert (c["status"], c["reason"]) == ("False", "EnginesNotScraped")
+    assert "e-1" in c["message"] and '{namespace="ns"}' in c["message"]
+    assert [(e.reason, e.warning) for e in t.events] == [("EnginesNotScraped", True)]
+    again = tune("llm", s, t.status, 1, pods, ROLLOUT, observe(10, only_e0), {}, LEASE)
+    assert again.events == () and metrics_condition(again)["status"] == "False"  # one Event
+    both = tune("llm", s, again.status, 1, pods, ROLLOUT, observe(20, window()), {}, LEASE)
+    assert [e.reason for e in both.events] == ["CalibrationStarted"]
+    assert metrics_condition(both)["status"] == "True"
+
+
+def test_an_engine_still_warming_up_holds_the_start_without_a_warning() -> None:
+    s = spec()
+    pods = [ready_since("e-0", "127.0.0.5", 600), ready_since("e-1", "127.0.0.6", 5)]
+    t = tune("llm", s, {}, 1, pods, ROLLOUT, observe(0, window(pods={"e-0": H100})), {}, LEASE)
+    assert t.state.calibration.phase == "Idle" and t.events == ()
+    assert metrics_condition(t)["status"] == "True"
