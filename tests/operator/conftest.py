@@ -17,7 +17,7 @@ from spectune.operator.models import GROUP, PLURAL, VERSION
 from tests.cluster.support import REPO, Cluster
 from tests.support.waiting import wait_until
 
-from .support import OPERATOR_NS, RULES, apply_files, delete_specdeployments, start_operator
+from .support import OPERATOR_NS, RULES, apply_files, own_operator, start_operator
 
 
 @pytest.fixture(scope="module")
@@ -63,23 +63,6 @@ def namespace(admin: client.ApiClient) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def tuner(cluster: Cluster, admin: client.ApiClient, tmp_path_factory) -> Iterator[str]:
-    """A namespace watched by an operator of its own (its own peering, so that operators of
-    other test runs on this cluster neither pause it nor are paused by it; the operator makes
-    the peering, as its RBAC allows)."""
-    namespace = f"autotune-{uuid.uuid4().hex[:8]}"
-    peering = f"autotune-{uuid.uuid4().hex[:6]}"
-    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
-    core.create_namespace({"metadata": {"name": namespace}})
-    running = start_operator(
-        cluster, admin, tmp_path_factory.mktemp("autotune"), yaml.safe_load(RULES.read_text()),
-        priority=170, extra=["--namespace", namespace, "--peering", peering,
-                             "--prometheus-url", cluster.prometheus_url],
-    )  # fmt: skip
-    yield namespace
-    try:
-        delete_specdeployments(admin, namespace)
-    finally:
-        running.stop()
-    print(running.log.read_text()[-3000:])
-    core.delete_namespace(namespace)
-    custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
+    """A namespace watched by an operator of its own, reading the cluster's Prometheus."""
+    with own_operator(cluster, admin, tmp_path_factory.mktemp("autotune"), "autotune", 170) as ns:
+        yield ns

@@ -4,15 +4,17 @@ engines behind its pods say."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import subprocess
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -215,3 +217,37 @@ def assert_engines_serve(pods: list[Any], model: str, threshold: int | None) -> 
     for pod in pods:
         assert [m["id"] for m in engine_get(pod, "/v1/models")["data"]] == [model]
         assert engine_get(pod, "/admin/speculation")["threshold"] == threshold
+
+
+@contextlib.contextmanager
+def own_operator(
+    cluster: Cluster,
+    admin: client.ApiClient,
+    tmp: Path,
+    prefix: str,
+    priority: int,
+    extra: Sequence[str] = (),
+) -> Iterator[str]:
+    """A namespace watched by an operator of its own, reading the cluster's Prometheus (its own
+    peering, so that operators of other test runs on this cluster neither pause it nor are
+    paused by it; the operator makes the peering, as its RBAC allows). `priority` also picks
+    its liveness port: operators running at once need different ones."""
+    namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    peering = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    core.create_namespace({"metadata": {"name": namespace}})
+    running = start_operator(
+        cluster, admin, tmp, yaml.safe_load(RULES.read_text()), priority=priority,
+        extra=["--namespace", namespace, "--peering", peering,
+               "--prometheus-url", cluster.prometheus_url, *extra],
+    )  # fmt: skip
+    try:
+        yield namespace
+    finally:
+        try:
+            delete_specdeployments(admin, namespace)
+        finally:
+            running.stop()
+        print(running.log.read_text()[-3000:])
+        core.delete_namespace(namespace)
+        custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)

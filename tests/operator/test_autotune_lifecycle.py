@@ -422,7 +422,8 @@ def test_a_change_is_verified_or_rolled_back_after_prometheus_comes_back(
                                       "speculation": {"threshold": {"max": 4}}})  # fmt: skip
     wait_until("Verifying the move to 4", lambda: calibration_phase(admin, namespace, NAME)
                == "Verifying" or None, timeout=180)  # fmt: skip
-    assert speculation(url)["threshold"] == 4
+    # committed first, then pushed: the engine follows within the turn
+    wait_until("the engine on 4", lambda: speculation(url)["threshold"] == 4, timeout=15)
     prometheus.stop()
     stopped = datetime.now(UTC).timestamp()
     degraded = wait_until(
