@@ -170,7 +170,8 @@ def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
         memo.get("exploration_lease", EXPLORATION_LEASE_SECONDS),
     )
     if not kube.commit_status(body, result.status):
-        log.info("%s/%s: changed since read; re-reading before acting", namespace, name)
+        # routine: kopf writes its finalizer and annotations to a new object, an HPA scales
+        log.debug("%s/%s: changed since read; re-reading before acting", namespace, name)
         return False
     memo.skus = result.skus
     if observation.window is not None and result.state.calibration.phase == "Idle":
