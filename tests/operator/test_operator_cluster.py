@@ -50,7 +50,11 @@ def test_create_gives_children_status_and_events(cluster, admin, operator, names
     assert deployment.metadata.owner_references[0].kind == "SpecDeployment"
     config = core.read_namespaced_config_map("llm-engine-config", namespace)
     assert yaml.safe_load(config.data["engine.yaml"])["speculation"]["threshold"] == 6
-    assert core.read_namespaced_service("llm", namespace).metadata.owner_references
+    # the children are applied one after another in a turn: the Service may follow a moment later
+    service = wait_until(
+        "the Service", lambda: get_or_none(core.read_namespaced_service, "llm", namespace)
+    )
+    assert service.metadata.owner_references
     assert core.read_namespaced_secret("llm-admin-token", namespace).data["admin-token"]
 
     def ready() -> dict | None:
