@@ -1,7 +1,7 @@
 """Calibration as a pure state machine (DESIGN.md, "Re-measuring the crossover on live traffic").
 
 Idle -> Exploring (a trigger fired: the engines run the other mode more often) -> Verifying (Auto
-moved a threshold: goodput is compared before vs after) -> Idle. Each reconcile calls `step`
+moved a threshold: goodput is compared before vs after) -> Idle. Each turn calls `step`
 with what it observed; the state lives in the SpecDeployment's status, so a restarted operator
 resumes where the last one stopped. What the engines should run (`engine_settings`) is derived
 from that state alone, so a restart never leaves an engine exploring. `now` is a parameter and
@@ -184,7 +184,7 @@ def engine_settings(
 def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) -> Reason | None:
     """The first change since the last measurement, in order of how much it moves the curve.
     Only a calibration that ended without a kept measurement backs off (`retryAfter`): a fleet
-    change right after a good one is looked at in the next reconcile."""
+    change right after a good one is looked at in the next turn."""
     if cal.retryAfter is not None and obs.now < _time(cal.retryAfter):
         return None
     base = cal.baseline
@@ -286,7 +286,7 @@ def _config_moved(spec: SpecDeploymentSpec, cal: CalibrationStatus) -> Reason | 
 
 def _interrupted(spec: SpecDeploymentSpec, state: State, now: datetime, moved: Reason) -> Step:
     """A calibration whose configuration changed under it: what it measured belongs to the
-    old one. Exploring ends at once (the next reconcile re-measures the new one); Verifying
+    old one. Exploring ends at once (the next turn re-measures the new one); Verifying
     rolls back, since its goodput check would compare two configurations."""
     if state.calibration.phase == "Exploring":
         why = f"{moved.message}: re-measuring the new configuration"
@@ -308,7 +308,7 @@ def _finish(state: State, now: datetime, *events: Event, retry_after: str | None
 def _give_up(spec: SpecDeploymentSpec, state: State, now: datetime, *events: Event) -> Step:
     """End a calibration that kept nothing it measured (failed, aborted, cancelled, rolled
     back): the next trigger waits one window, so that it is retried once a window, not in
-    every reconcile."""
+    every turn."""
     retry = now + timedelta(seconds=spec.tuning.calibrationWindowSeconds)
     return _finish(state, now, *events, retry_after=_iso(retry))
 

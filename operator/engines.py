@@ -1,9 +1,10 @@
 """Pushing run-time speculation settings to engines through their admin API.
 
 The ConfigMap carries the deployment's threshold (durable: a restarted pod reads it); this
-brings every ready pod to its SKU's settings within one reconcile instead of after a kubelet's
-ConfigMap sync. Blocking HTTP (urllib): called from kopf's sync handlers, which run in its
-thread pool. Engines listen on pod IPs, never through a proxy. The token is never logged.
+brings every ready pod to its SKU's settings within one turn instead of after a kubelet's
+ConfigMap sync. Blocking HTTP (urllib): called from the daemon's thread (operator/handlers.py),
+never on kopf's event loop. Engines listen on pod IPs, never through a proxy. The token is
+never logged.
 """
 
 from __future__ import annotations
