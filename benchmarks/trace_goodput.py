@@ -46,15 +46,14 @@ from spectune.engine.bench.report import markdown_table, plot_trace
 from spectune.engine.bench.schema import Slo, TraceReplay, TraceRun
 from spectune.engine.bench.targets import HttpTarget
 from spectune.engine.bench.trace import (
-    Trace,
     TraceSettings,
     fit,
-    load_trace,
     prompt_text,
     replay,
     replay_policies,
     slice_of,
 )
+from spectune.engine.bench.trace_file import Trace, load_trace
 
 REQUEST_TIMEOUT_S = 300.0
 

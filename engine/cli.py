@@ -344,7 +344,8 @@ def _bench_settings(args: argparse.Namespace):
 
 def _trace_settings(args: argparse.Namespace) -> TraceSettings | None:
     """The trace is read here, so that a malformed one is refused before anything runs."""
-    from spectune.engine.bench.trace import TraceSettings, load_trace
+    from spectune.engine.bench.trace import TraceSettings
+    from spectune.engine.bench.trace_file import load_trace
 
     flags = ("trace_speed", "trace_scale", "trace_max_len")  # TraceSettings' fields, prefixed
     given = {f.removeprefix("trace_"): v for f in flags if (v := getattr(args, f)) is not None}

@@ -76,3 +76,10 @@ def batch_bucket(batch_size: int) -> int:
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     return BATCH_BUCKETS[bisect.bisect_right(BATCH_BUCKETS, batch_size) - 1]
+
+
+# Histogram bounds (seconds): request latencies, and decode iteration times.
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                   2.5, 5.0, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.024, 0.032, 0.048,
+                0.064, 0.096, 0.128, 0.192, 0.256, 0.5, 1.0, 2.0, 4.0)  # fmt: skip

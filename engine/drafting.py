@@ -19,6 +19,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from torch import Tensor
 
+from spectune.engine.draft_lag import CatchUp, catch_up
 from spectune.engine.model_runner import Feed, ModelRunner
 from spectune.engine.sampling import choose_tokens
 from spectune.engine.sequence import Sequence
@@ -54,66 +55,22 @@ class NgramDrafter:
         ]
 
 
-# In steady speculation the draft has seen all but the newest one or two committed tokens
-# (the newest is fed with the first draft token; an accepted k-th draft never was).
-STEADY_LAG = 2
-
-
-@dataclass(frozen=True)
-class CatchUp:
-    """What one catch-up forward read: `owed` tokens speculation would have had to read
-    anyway (the draft's prefill of what the target prefilled, and what a paused sequence
-    skipped), `missed` tokens only because plain iterations committed them.
-
-    The forward's measured time is split between them by token count rather than by running
-    two forwards: one forward keeps the draft's computation (its KV, hence its drafts)
-    exactly as it was, and a second would add a fixed cost (launches, a pass over the
-    weights) that exists only to be measured. Missed tokens sit at later positions and so
-    attend to a little more context each: the split charges the owed share slightly high.
-    """
-
-    owed: int = 0
-    missed: int = 0
-
-    @property
-    def fed(self) -> int:
-        return self.owed + self.missed
-
-    def split(self, seconds: float) -> tuple[float, float]:
-        """(owed, missed) shares of the forward's `seconds`."""
-        if not self.fed:
-            return 0.0, 0.0
-        return seconds * self.owed / self.fed, seconds * self.missed / self.fed
-
-
-def _owed(seq: Sequence) -> int:
-    """Of the tokens a catch-up feeds `seq`, those it would feed had no plain iteration run:
-    with them uncommitted the lag is shorter by `plain_unread`, and within the steady lag
-    the first drafting forward reads it at no forward of its own."""
-    without = len(seq) - 1 - seq.draft_cached - seq.plain_unread
-    return without if without >= STEADY_LAG else 0
-
-
 class ModelDrafter:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
     def catch_up(self, seqs: list[Sequence]) -> CatchUp:
         """Feed the draft every committed token it missed beyond the steady-state lag, in one
-        forward, leaving the newest token for the first drafting forward. Nothing fed: none
-        missed."""
-        behind = [s for s in seqs if len(s) - s.draft_cached > STEADY_LAG]
-        if not behind:
-            return CatchUp()
-        self.runner.forward(
-            [Feed(s.token_ids[s.draft_cached : -1], s.draft_cached, s.block_table) for s in behind],
-            all_logits=False,
-        )
-        fed = sum(len(s) - 1 - s.draft_cached for s in behind)
-        owed = sum(_owed(s) for s in behind)
-        for s in behind:
-            s.draft_cached = len(s) - 1
-        return CatchUp(owed, fed - owed)
+        forward (draft_lag.catch_up)."""
+
+        def read(behind: list[Sequence]) -> None:
+            feeds = [
+                Feed(s.token_ids[s.draft_cached : -1], s.draft_cached, s.block_table)
+                for s in behind
+            ]
+            self.runner.forward(feeds, all_logits=False)
+
+        return catch_up(seqs, read)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         drafts = [Draft([], None) for _ in seqs]

@@ -19,7 +19,8 @@ import torch
 from spectune.engine.block_manager import BlockManager, plan_blocks
 from spectune.engine.checkpoint import Checkpoint, checkpoint_dir, load_checkpoint
 from spectune.engine.config import EngineConfig, InvalidConfig
-from spectune.engine.drafting import CatchUp, ModelDrafter, NgramDrafter
+from spectune.engine.draft_lag import CatchUp
+from spectune.engine.drafting import ModelDrafter, NgramDrafter
 from spectune.engine.gate import Decision, SpeculationGate
 from spectune.engine.model_runner import Feed, ModelRunner
 from spectune.engine.sampling import accept_greedy, accept_sampled, choose_tokens, probabilities

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch-free at run time: the fleet simulator schedules sequences too
+    import torch
 
 
 class InvalidRequest(ValueError):

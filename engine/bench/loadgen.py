@@ -18,7 +18,7 @@ from typing import Literal, Protocol, TypeVar
 from spectune.engine.bench.schema import Latency, LevelResult, Slo
 from spectune.engine.bench.workload import RequestSpec
 from spectune.engine.crossover import StatsByBucket, difference, merge
-from spectune.engine.serving.metrics import RequestTiming
+from spectune.engine.request_timing import RequestTiming
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spectune.engine.engine import Iteration, LLMEngine
+from spectune.engine.request_timing import RequestTiming
 from spectune.engine.sequence import SamplingParams, Sequence
-from spectune.engine.serving.metrics import EngineMetrics, RequestTiming
+from spectune.engine.serving.metrics import EngineMetrics
 from spectune.engine.serving.settings import SloSettings, SpeculationSettings
 from spectune.engine.torch_thread import TORCH_THREAD
 

@@ -4,39 +4,19 @@ requests. One registry per server, so tests can run several servers in one proce
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from spectune.engine import contract as c
 from spectune.engine.engine import Iteration
+from spectune.engine.request_timing import RequestTiming
 
 disable_created_metrics()  # the *_created series only double the scrape size
-
-LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
-                   2.5, 5.0, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
-STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.024, 0.032, 0.048,
-                0.064, 0.096, 0.128, 0.192, 0.256, 0.5, 1.0, 2.0, 4.0)  # fmt: skip
 
 
 def _name(metric: str) -> str:
     """prometheus_client appends _total to counters itself."""
     return metric.removesuffix("_total")
-
-
-@dataclass(frozen=True)
-class RequestTiming:
-    ttft: float
-    e2e: float
-    output_tokens: int
-
-    @property
-    def tpot(self) -> float | None:
-        """Mean time per output token after the first; None with a single token."""
-        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
-
-    def meets(self, ttft_target: float, tpot_target: float) -> bool:
-        return self.ttft <= ttft_target and (self.tpot is None or self.tpot <= tpot_target)
 
 
 class EngineMetrics:
@@ -52,13 +32,13 @@ class EngineMetrics:
             _name(c.PROMPT_TOKENS), "Prompt tokens of requests answered in full", registry=r
         )
         self.ttft = Histogram(
-            c.TIME_TO_FIRST_TOKEN, "Time to first token", buckets=LATENCY_BUCKETS, registry=r
+            c.TIME_TO_FIRST_TOKEN, "Time to first token", buckets=c.LATENCY_BUCKETS, registry=r
         )
         self.itl = Histogram(
-            c.INTER_TOKEN_LATENCY, "Inter-token latency", buckets=LATENCY_BUCKETS, registry=r
+            c.INTER_TOKEN_LATENCY, "Inter-token latency", buckets=c.LATENCY_BUCKETS, registry=r
         )
         self.e2e = Histogram(
-            c.E2E_REQUEST_LATENCY, "End-to-end latency", buckets=LATENCY_BUCKETS, registry=r
+            c.E2E_REQUEST_LATENCY, "End-to-end latency", buckets=c.LATENCY_BUCKETS, registry=r
         )
         self.running = Gauge(c.NUM_REQUESTS_RUNNING, "Sequences in the running batch", registry=r)
         self.waiting = Gauge(c.NUM_REQUESTS_WAITING, "Requests queued for admission", registry=r)
@@ -72,7 +52,7 @@ class EngineMetrics:
             c.STEP_SECONDS,
             "Wall time of one decode iteration",
             ["mode", "batch"],
-            buckets=STEP_BUCKETS,
+            buckets=c.STEP_BUCKETS,
             registry=r,
         )
         self.step_tokens = Counter(

@@ -22,18 +22,15 @@ from spectune.engine.bench.loadgen import Bounds, Counters, Finished, Output
 from spectune.engine.bench.schema import BenchResult, Slo
 from spectune.engine.bench.targets import EngineTarget
 from spectune.engine.bench.trace import (
-    BUILTIN,
-    Recorded,
-    Trace,
     TraceRequest,
     TraceSettings,
     fit,
-    load_trace,
     prompt_text,
     replay,
     replay_policies,
     slice_of,
 )
+from spectune.engine.bench.trace_file import BUILTIN, Recorded, Trace, load_trace
 from spectune.engine.bench.workload import RequestSpec
 from spectune.engine.cli import main
 

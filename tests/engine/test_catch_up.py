@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from spectune.engine.drafting import CatchUp, ModelDrafter
+from spectune.engine.draft_lag import CatchUp
+from spectune.engine.drafting import ModelDrafter
 from spectune.engine.model_runner import Feed
 from spectune.engine.sequence import SamplingParams, Sequence
 
