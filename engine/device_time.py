@@ -128,15 +128,24 @@ class Setting:
     # drafted tokens per sequence (else k).
     tokens: float | None = None
     verified: float | None = None
+    # (prompt, output) tokens per request: the draft reads each prompt once before it first
+    # drafts for it (its prefill), a cost spread over the request's spec steps. None: left out.
+    requests: tuple[int, int] | None = None
 
     def speedup(self, batch: int) -> float:
         """Spec tokens/s over plain tokens/s at this batch size."""
         contexts = [self.context] * batch
         tokens = expected_tokens(self.acceptance, self.k) if self.tokens is None else self.tokens
-        spec = tokens / spec_step(
+        step = spec_step(
             self.sku, self.target, self.draft, self.k, contexts, self.gpus, self.verified
         )
-        return spec * plain_step(self.sku, self.target, contexts, self.gpus)
+        if self.requests is not None and self.draft is not None:
+            prompt, output = self.requests
+            prefill = self.draft.forward(
+                self.sku, prompt * batch, 0, batch * prompt * (prompt - 1) // 2, self.gpus
+            )
+            step += prefill * tokens / output  # a batch's prefills, once per `output` tokens
+        return tokens / step * plain_step(self.sku, self.target, contexts, self.gpus)
 
 
 def analytic_crossover(setting: Setting, max_batch: int = 4096) -> float | None:

@@ -63,6 +63,11 @@ MIN_WINDOW_SECONDS = 10
 # for this share of the calibration window (30 s of the default 120): the load has shown its
 # range, and traffic that later runs past it is the past-bound trigger's to re-measure.
 RANGE_SETTLED_SHARE = 0.25
+# No calibration starts until the last pod to become ready has served for this share of the
+# calibration window: the "before" window its change is verified against must hold a load the
+# engines were serving, not their first seconds (a fleet still filling its batches read as a
+# third of its load, and a good change was rolled back as "not comparable"; spectune-sim).
+READY_SHARE = 0.5
 # A change whose goodput check cannot decide (Prometheus down, load not comparable) is verified
 # for up to this many calibration windows after it, then rolled back: kept only on a verdict.
 VERIFY_WINDOWS = 3
@@ -80,6 +85,7 @@ class Observation:
     error: str | None = None  # why `window` is None
     selector: str = ""  # the label matchers the engines were read with
     unscraped: tuple[str, ...] = ()  # ready pods without fresh engine series in `window`
+    ready_at: datetime | None = None  # when the last of the ready pods became ready
 
 
 @dataclass(frozen=True)
@@ -138,23 +144,34 @@ def _sums(d: Mapping[str, Mapping[str, BucketSums]]) -> dict[str, dict[int, Mode
     }
 
 
-def window_seconds(spec: SpecDeploymentSpec, cal: CalibrationStatus, now: datetime) -> int:
+def window_seconds(
+    spec: SpecDeploymentSpec,
+    cal: CalibrationStatus,
+    now: datetime,
+    ready_at: datetime | None = None,
+) -> int:
     """The window to read: since the calibration started while exploring, since the change
     while verifying (only what each phase caused counts), else one calibration window, cut
     at the end of the last calibration: a "before" window holding its raised exploration or
-    the threshold before its change would compare the next change with another fleet."""
+    the threshold before its change would compare the next change with another fleet. It is
+    cut, too, where the last ready pod became ready (`ready_at`): a window reaching back
+    before the engines served divides their requests by seconds nobody served in, and a
+    change verified against that rate meets a load that looks three times higher."""
     since = {"Exploring": cal.startedAt, "Verifying": cal.changedAt}.get(cal.phase)
     if since is None:
-        calm = _calm_seconds(cal, now)
+        calm = _calm_seconds(cal, now, ready_at)
         window = spec.tuning.calibrationWindowSeconds
         return window if calm is None else max(MIN_WINDOW_SECONDS, min(window, int(calm)))
     return max(MIN_WINDOW_SECONDS, int((now - _time(since)).total_seconds()))
 
 
-def _calm_seconds(cal: CalibrationStatus, now: datetime) -> float | None:
+def _calm_seconds(
+    cal: CalibrationStatus, now: datetime, ready_at: datetime | None = None
+) -> float | None:
     """Seconds since the engines last ran other settings (a calibration's end or a threshold
-    change); None when they never did."""
+    change) or the fleet last changed (a pod became ready); None when neither happened."""
     ends = [_time(t) for t in (cal.finishedAt, cal.changedAt) if t is not None]
+    ends += [ready_at] if ready_at is not None else []
     return (now - max(ends)).total_seconds() if ends else None
 
 
@@ -238,6 +255,9 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
     calm = _calm_seconds(cal, obs.now)
     if calm is not None and calm < MIN_WINDOW_SECONDS:
         return Step(state)  # the "before" window would hold the last calibration
+    serving = READY_SHARE * spec.tuning.calibrationWindowSeconds
+    if obs.ready_at is not None and (obs.now - obs.ready_at).total_seconds() < serving:
+        return Step(state)  # ... or the engines' first seconds
     if obs.unscraped:
         return Step(state)  # metrics first: exploring pods nobody measures only costs
     reason = trigger(spec, cal, obs)

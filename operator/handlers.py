@@ -23,8 +23,7 @@ import kopf
 from spectune.operator import autotune, engines, kube, logs, metrics, render, tuning
 from spectune.operator.fleet_memory import record_window
 from spectune.operator.models import GROUP, KIND, PLURAL, VERSION, SpecDeploymentSpec, parse_spec
-from spectune.operator.prometheus import PrometheusReader, PrometheusUnavailable, Selector
-from spectune.operator.status import unready_pods
+from spectune.operator.prometheus import PrometheusReader, Selector
 
 RESYNC_SECONDS = 10.0
 # A conflict (another writer moved the object since it was read): the next turn comes soon.
@@ -99,23 +98,18 @@ def observe(
     pods: list[dict],
     now: datetime,
 ) -> autotune.Observation:
-    """Read this SpecDeployment's engines from Prometheus (blocking: the daemon's thread);
-    Manual reads nothing, the pin needs no measurement."""
-    unready = unready_pods(pods)
-    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    ready = len(live) - len(unready)
-    settled = ready == spec.replicas == len(live)
-    if spec.speculation.threshold.mode == "Manual":
-        return autotune.Observation(now, ready, settled, None)
-    seconds = autotune.window_seconds(spec, state.calibration, now)
+    """Read this SpecDeployment's engines from Prometheus (blocking: the daemon's thread)."""
     selector = Selector(namespace, name, memo.prometheus_labels)
-    queried = selector.matchers()
-    try:
-        window = prometheus(memo.prometheus_url).read(selector, seconds)
-    except PrometheusUnavailable as err:
-        return autotune.Observation(now, ready, settled, None, error=str(err), selector=queried)
-    recent = memo.get("traffic", [])
-    return autotune.Observation(now, ready, settled, window, recent, selector=queried)
+    reader = prometheus(memo.prometheus_url)
+    return tuning.observe(
+        spec,
+        state,
+        pods,
+        now,
+        lambda seconds: reader.read(selector, seconds),
+        memo.get("traffic", []),
+        selector.matchers(),
+    )
 
 
 def push(name: str, namespace: str, targets: tuple[tuning.Target, ...]) -> None:

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from spectune.engine.crossover import ModeStats, StatsByBucket
 
 
+class MetricsUnavailable(Exception):
+    """The metrics store could not be asked or gave an answer that is not a query result."""
+
+
 @dataclass(frozen=True)
 class Traffic:
     """What the fleet's engines did over one window, summed over fresh pods. None is unknown

@@ -26,14 +26,11 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from spectune.engine import contract as c
-from spectune.engine.crossover import ModeStats, StatsByBucket
-from spectune.operator.observations import EngineInfo, FleetWindow, Traffic
-
-# (values of the grouping labels) -> pod -> value
-PerPod = dict[tuple[str, ...], dict[str, float]]
+from spectune.operator.observations import EngineInfo, FleetWindow, MetricsUnavailable
+from spectune.operator.window import PerPod, fleet_window
 
 
-class PrometheusUnavailable(Exception):
+class PrometheusUnavailable(MetricsUnavailable):
     """Prometheus could not be asked or gave an answer that is not a query result."""
 
 
@@ -152,76 +149,16 @@ class PrometheusReader:
         pods = self.engines(selector, at)
         sel, w, pod = selector.matchers(), f"[{int(window_seconds)}s]", selector.labels.pod
 
-        def increase(metric: str, matchers: str = sel, by: tuple[str, ...] = ()) -> PerPod:
-            labels = ",".join((pod, *by))
-            query = f"sum by ({labels}) (increase({metric}{matchers}{w}))"
+        def increase(metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod:
+            grouping = ",".join((pod, *by))
+            matchers = selector.matchers(**labels)
+            query = f"sum by ({grouping}) (increase({metric}{matchers}{w}))"
             return self._per_pod(query, at, pods, pod, by)
-
-        by_step = ("mode", "batch")
-        counts = increase(f"{c.STEP_SECONDS}_count", by=by_step)
-        seconds = increase(f"{c.STEP_SECONDS}_sum", by=by_step)
-        tokens = increase(c.STEP_OUTPUT_TOKENS, by=by_step)
-        steps: dict[str, StatsByBucket] = {}
-        for (mode, batch), per_pod in counts.items():
-            if mode not in c.MODES or not batch.isdigit():
-                continue
-            for p, n in per_pod.items():
-                stats = ModeStats(
-                    round(n),
-                    round(tokens.get((mode, batch), {}).get(p, 0.0)),
-                    seconds.get((mode, batch), {}).get(p, 0.0),
-                )
-                if stats.steps > 0:
-                    by_mode = steps.setdefault(pods[p].device, {})
-                    key = (mode, int(batch))
-                    by_mode[key] = by_mode.get(key, ModeStats()) + stats
-
-        def total(per: PerPod) -> float | None:
-            values = [v for per_pod in per.values() for v in per_pod.values()]
-            return sum(values) if values else None
 
         def mean_gauge(metric: str) -> dict[str, float]:
             return self._per_pod(f"avg_over_time({metric}{sel}{w})", at, pods, pod).get((), {})
 
-        running = mean_gauge(c.NUM_REQUESTS_RUNNING)
-        admitted = mean_gauge(c.ADMITTED_CONCURRENCY)
-        e2e = {le: sum(per_pod.values()) for (le,), per_pod in
-               increase(f"{c.E2E_REQUEST_LATENCY}_bucket", by=("le",)).items()}  # fmt: skip
-        traffic = Traffic(
-            seconds=float(window_seconds),
-            requests=total(increase(c.REQUESTS)),
-            slo_met=total(increase(c.REQUESTS_SLO_MET)),
-            ok_requests=total(increase(c.REQUESTS, selector.matchers(outcome="ok"))),
-            rejected_requests=total(increase(c.REQUESTS, selector.matchers(outcome="rejected"))),
-            prompt_tokens=total(increase(c.PROMPT_TOKENS)),
-            decode_tokens=total(tokens),
-            drafted_tokens=total(increase(c.SPEC_DRAFT_TOKENS)),
-            accepted_tokens=total(increase(c.SPEC_ACCEPTED_TOKENS)),
-            mean_running=sum(running.values()) / len(running) if running else None,
-            admitted_concurrency=sum(admitted.values()) if admitted else None,
-            e2e_p95_seconds=bucket_quantile(0.95, e2e),
-            inter_token_seconds=total(increase(f"{c.INTER_TOKEN_LATENCY}_sum")),
-            inter_tokens=total(increase(f"{c.INTER_TOKEN_LATENCY}_count")),
-        )
-        return FleetWindow(engines=pods, steps=steps, traffic=traffic)
-
-
-def bucket_quantile(q: float, buckets: Mapping[str, float]) -> float | None:
-    """The q-quantile of a histogram from its cumulative bucket counts by `le` bound, as
-    PromQL's histogram_quantile interpolates it (linearly within the bucket it falls in; the
-    +Inf bucket gives the largest finite bound). None without observations."""
-    ordered = sorted((float(le), n) for le, n in buckets.items())
-    if not ordered or ordered[-1][1] <= 0:
-        return None
-    rank = q * ordered[-1][1]
-    lower, below = 0.0, 0.0
-    for bound, count in ordered:
-        if count >= rank:
-            if bound == float("inf"):
-                return lower
-            return lower + (bound - lower) * (rank - below) / max(count - below, 1e-12)
-        lower, below = bound, count
-    return lower
+        return fleet_window(pods, window_seconds, increase, mean_gauge)
 
 
 def _number(value: Any, what: str) -> float:

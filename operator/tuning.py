@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +18,7 @@ from spectune.operator import autotune, render
 from spectune.operator.autotune import Event, Observation, State
 from spectune.operator.fleet_memory import pod_skus
 from spectune.operator.models import Condition, SpecDeploymentSpec, SpecDeploymentStatus
+from spectune.operator.observations import FleetWindow, MetricsUnavailable, Traffic
 from spectune.operator.status import (
     condition,
     merge_patch,
@@ -76,6 +77,36 @@ def exploration_lease(state: State, now: datetime, lease_seconds: float) -> dict
     half = lease_seconds / 2
     until = math.ceil((now.timestamp() + lease_seconds) / half) * half
     return {"exploration": autotune.CALIBRATION_EXPLORATION_PERCENT / 100, "until": until}
+
+
+def observe(
+    spec: SpecDeploymentSpec,
+    state: State,
+    pods: list[dict[str, Any]],
+    now: datetime,
+    read: Callable[[int], FleetWindow],
+    recent: Sequence[tuple[datetime, Traffic]],
+    selector: str,
+) -> Observation:
+    """What this turn sees: the pods, and the engines' window `read` returns over the seconds
+    the calibration phase asks for (Prometheus for the operator, the simulator's scrapes for
+    spectune-sim). Manual reads nothing: the pin needs no measurement."""
+    unready = unready_pods(pods)
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    ready = len(live) - len(unready)
+    settled = ready == spec.replicas == len(live)
+    if spec.speculation.threshold.mode == "Manual":
+        return Observation(now, ready, settled, None)
+    since = [t for p in live if (t := ready_since(p)) is not None]
+    ready_at = max(since) if since else None
+    seconds = autotune.window_seconds(spec, state.calibration, now, ready_at)
+    try:
+        window = read(seconds)
+    except MetricsUnavailable as err:
+        return Observation(
+            now, ready, settled, None, error=str(err), selector=selector, ready_at=ready_at
+        )
+    return Observation(now, ready, settled, window, recent, selector=selector, ready_at=ready_at)
 
 
 def tune(

@@ -28,7 +28,6 @@ from spectune.operator.prometheus import (
     PrometheusReader,
     PrometheusUnavailable,
     Selector,
-    bucket_quantile,
 )
 from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback
 from tests.support.waiting import wait_until
@@ -286,13 +285,3 @@ def test_missing_stale_or_cold_data_is_unknown_not_zero(
     assert window.engines == {} and window.steps == {} and window.skus == frozenset()
     assert window.traffic == Traffic(seconds=WINDOW)
     assert window.traffic.request_rate is None and window.traffic.acceptance is None
-
-
-def test_bucket_quantile_interpolates_as_histogram_quantile_does() -> None:
-    buckets = {"0.1": 10.0, "0.5": 50.0, "1": 90.0, "+Inf": 100.0}
-    assert bucket_quantile(0.2, buckets) == pytest.approx(0.2)  # 0.1 + 0.4 * 10/40
-    assert bucket_quantile(0.5, buckets) == pytest.approx(0.5)
-    assert bucket_quantile(0.05, buckets) == pytest.approx(0.05)  # from 0 within the first
-    assert bucket_quantile(0.95, buckets) == 1.0  # in +Inf: the largest finite bound
-    assert bucket_quantile(0.95, {"0.1": 0.0, "+Inf": 0.0}) is None
-    assert bucket_quantile(0.95, {}) is None
