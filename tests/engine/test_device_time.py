@@ -3,6 +3,7 @@ FLOP/s-to-bandwidth ratio crosses earlier, longer contexts later, lower acceptan
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -89,3 +90,13 @@ def test_never_paying_and_always_paying_are_said_apart() -> None:
     hopeless = setting(acceptance=0.0)
     assert hopeless.speedup(1) < 1 and analytic_crossover(hopeless) == 1.0
     assert analytic_crossover(setting(context=2048), max_batch=256) is None
+
+
+def test_the_drafts_prefill_spread_over_a_request_lowers_the_speedup() -> None:
+    """Each request's prompt is read by the draft once; spread over its output it costs a
+    share of every spec step, more for longer prompts and shorter outputs."""
+    plain = Setting(SKUS["A100"], LLAMA_8B, LLAMA_1B, 4, 0.7, 320)
+    short, long_ = (dataclasses.replace(plain, requests=(256, n)) for n in (32, 512))
+    assert short.speedup(32) < long_.speedup(32) < plain.speedup(32)
+    ngram = dataclasses.replace(plain, draft=None)
+    assert dataclasses.replace(ngram, requests=(256, 32)).speedup(32) == ngram.speedup(32)

@@ -240,3 +240,19 @@ def test_a_measured_threshold_outside_a_narrowed_range_moves_into_it() -> None:
     again = step(narrow, state, observe(1000, window(), replicas=3)).state
     moved = step(narrow, again, observe(1000 + WINDOW, window(pays), replicas=3))
     assert moved.state.threshold.current == 4, moved.events
+
+
+# The "before" window a change is verified against holds a load the engines were serving.
+
+
+def test_no_calibration_starts_until_the_last_ready_pod_served_half_a_window() -> None:
+    s = spec()
+    ready = T0 + timedelta(seconds=100)
+    early = step(s, fresh(s), observe(100 + WINDOW / 2 - 1, window(), ready_at=ready))
+    assert early.state.calibration.phase == "Idle" and early.events == ()
+    started = step(s, fresh(s), observe(100 + WINDOW / 2, window(), ready_at=ready))
+    assert reasons(started) == ["CalibrationStarted"]
+    cal = started.state.calibration
+    # the window it read (and keeps as "before") starts where the last pod became ready
+    assert window_seconds(s, cal.model_copy(update={"phase": "Idle"}), T0 + timedelta(
+        seconds=100 + WINDOW / 2), ready) == WINDOW / 2  # fmt: skip

@@ -8,7 +8,7 @@ import pytest
 from spectune.engine import contract as c
 from spectune.engine.crossover import ModeStats
 from spectune.operator.observations import EngineInfo
-from spectune.operator.window import PerPod, bucket_quantile, fleet_window
+from spectune.operator.window import PerPod, bucket_quantile, fleet_window, steady_prefill_excess
 
 
 def info(pod: str, device: str) -> EngineInfo:
@@ -47,3 +47,22 @@ def test_bucket_quantile_interpolates_as_histogram_quantile_does() -> None:
     assert bucket_quantile(0.95, buckets) == 1.0  # in +Inf: the largest finite bound
     assert bucket_quantile(0.95, {"0.1": 0.0, "+Inf": 0.0}) is None
     assert bucket_quantile(0.95, {}) is None
+
+
+def test_spec_steps_keep_only_their_steady_share_of_the_draft_prefill() -> None:
+    """Half the bucket's tokens came from plain steps: half the prefill the spec steps paid
+    belongs to the tokens those steps made, and is taken off the spec steps' time."""
+    series: dict[str, PerPod] = {
+        f"{c.STEP_SECONDS}_count": {("spec", "8"): {"a": 10}, ("plain", "8"): {"a": 10}},
+        f"{c.STEP_SECONDS}_sum": {("spec", "8"): {"a": 1.0}, ("plain", "8"): {"a": 0.5}},
+        c.STEP_OUTPUT_TOKENS: {("spec", "8"): {"a": 100}, ("plain", "8"): {"a": 100}},
+        c.DRAFT_PREFILL_SECONDS: {("8",): {"a": 0.2}},
+    }
+
+    def inc(metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod:
+        return series.get(metric, {})
+
+    steps = fleet_window({"a": info("a", "L4")}, 60, inc, lambda m: {}).steps["L4"]
+    assert steps[("spec", 8)].seconds == pytest.approx(0.9)  # 1.0 - 0.2 x 100/200
+    assert steps[("plain", 8)].seconds == pytest.approx(0.5)
+    assert steady_prefill_excess(0.2, 100, 0) == 0.0  # speculating throughout: all of it stays
