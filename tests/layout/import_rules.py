@@ -13,6 +13,7 @@ PACKAGE_DIRS = {
     "engine": "spectune.engine",
     "operator": "spectune.operator",
     "demo": "spectune.demo",
+    "sim": "spectune.sim",
     "hack": "hack",
 }
 
@@ -21,6 +22,21 @@ TORCH_FREE = (
     "spectune.engine.contract",
     "spectune.engine.crossover",
     "spectune.engine.device_time",
+)
+
+# What the fleet simulator runs of the engine: its scheduling, KV books and gate, the device
+# model, the trace files. All torch-free.
+SIMULATED_ENGINE = (
+    *TORCH_FREE,
+    "spectune.engine.block_manager",
+    "spectune.engine.draft_lag",
+    "spectune.engine.gate",
+    "spectune.engine.request_timing",
+    "spectune.engine.scheduler",
+    "spectune.engine.sequence",
+    "spectune.engine.simulated_device",
+    "spectune.engine.bench.trace_file",
+    "spectune.engine.bench.workload",
 )
 
 ENGINE_PARTS = ("spectune.engine.serving", "spectune.engine.bench", "spectune.engine.zoo")
@@ -86,6 +102,20 @@ RULES = (
         "the operator's decisions do no I/O: no client library, no module that does",
         importers=DECISIONS,
         forbidden=IO,
+    ),
+    Rule(
+        "the simulator runs the engine's torch-free parts and the operator's decisions, "
+        "never torch, a cluster client or anything that does I/O",
+        importers=("spectune.sim",),
+        forbidden=("spectune.engine", "spectune.operator", "torch", *IO),
+        allowed=(
+            *SIMULATED_ENGINE,
+            *DECISIONS,
+            "spectune.operator.models",
+            "spectune.operator.render",
+            "spectune.operator.status",
+            "spectune.operator.window",
+        ),
     ),
 )
 

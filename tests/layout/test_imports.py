@@ -97,3 +97,16 @@ def test_the_checker_names_an_imported_test_module(tmp_path: Path) -> None:
         "tests.a.test_x imports tests.a.conftest.sd",
         "tests.a.test_y imports tests.a.test_x.thing",
     ]
+
+
+def test_the_simulator_loads_no_torch_and_no_cluster_client() -> None:
+    code = (
+        "import sys\nimport spectune.sim.run, spectune.sim.cli, spectune.sim.report\n"
+        "print(sorted(m for m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "'spectune.operator.tuning'" in loaded and "'spectune.engine.scheduler'" in loaded
+    for heavy in ("torch", "kopf", "kubernetes", "prometheus_api_client", "requests"):
+        assert f"'{heavy}'" not in loaded, heavy

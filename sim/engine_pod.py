@@ -1,0 +1,387 @@
+"""One simulated engine pod: the engine's own Scheduler, BlockManager and gate, its forwards
+charged to a simulated SKU's clock (engine/simulated_device.py, as `--simulate-device` does),
+and drafted tokens accepted at each request's drawn rate instead of by a model.
+
+An iteration is what `LLMEngine._step` runs: a prefill when a waiting request fits, else one
+decode iteration in the mode the gate picks. A spec iteration charges the same forwards the
+engine runs: the draft's catch-up (draft_lag), its first forward over the tokens it has not
+seen, one forward per further drafted token, and the target's verify over 1 + k positions per
+sequence. The metric contract's series are kept as plain counters (metric, labels) -> value,
+what a scrape reads.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cache
+
+from spectune.engine import contract as c
+from spectune.engine.block_manager import BlockManager, blocks_for
+from spectune.engine.device_time import LLAMA_1B, LLAMA_8B, Sku
+from spectune.engine.draft_lag import catch_up
+from spectune.engine.gate import Decision, GateSettings, SpeculationGate
+from spectune.engine.request_timing import RequestTiming
+from spectune.engine.scheduler import Scheduler
+from spectune.engine.sequence import SamplingParams, Sequence, Status
+from spectune.engine.simulated_device import SimulatedDevice
+
+Labels = tuple[tuple[str, str], ...]
+HISTOGRAMS = (c.TIME_TO_FIRST_TOKEN, c.INTER_TOKEN_LATENCY, c.E2E_REQUEST_LATENCY)
+SeriesKey = tuple[str, Labels]
+
+
+@dataclass(frozen=True)
+class Span:
+    """What a forward feeds one sequence, as SimulatedDevice.charge reads it: only the count."""
+
+    tokens: range
+    start: int
+
+
+@dataclass(frozen=True)
+class PodConfig:
+    sku: Sku
+    method: str  # draft | ngram | none
+    k: int
+    max_batch_size: int
+    kv_cache_bytes: int
+    max_model_len: int
+    max_queue: int
+    ttft_s: float
+    tpot_s: float
+    block_size: int = 16
+    max_prefill_tokens: int = 8192
+    min_acceptance: float = 0.2
+    pause_iterations: int = 16
+
+
+@dataclass
+class Request:
+    """One request as the simulator follows it: arrival, lengths, its acceptance rate."""
+
+    index: int
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    acceptance: float
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    done_at: float | None = None
+    outcome: str | None = None
+    slo_met: bool = False
+
+
+@dataclass
+class Tracked:
+    request: Request
+    seq: Sequence
+    undelivered: int = 0
+
+
+@cache
+def series_key(metric: str, **labels: str) -> SeriesKey:
+    return metric, tuple(sorted(labels.items()))
+
+
+@dataclass
+class Series:
+    """The contract's series of one engine, as its /metrics would expose them."""
+
+    values: dict[SeriesKey, float] = field(default_factory=lambda: defaultdict(float))
+
+    def inc(self, metric: str, by: float = 1.0, **labels: str) -> None:
+        self.values[series_key(metric, **labels)] += by
+
+    def set(self, metric: str, value: float, **labels: str) -> None:
+        self.values[series_key(metric, **labels)] = value
+
+    def observe(self, metric: str, value: float, buckets: tuple[float, ...] = ()) -> None:
+        """A histogram observation: _sum, _count and, with `buckets`, cumulative _bucket."""
+        self.inc(f"{metric}_sum", value)
+        self.inc(f"{metric}_count")
+        for bound in buckets:
+            if value <= bound:
+                self.inc(f"{metric}_bucket", le=str(bound))
+        if buckets:
+            self.inc(f"{metric}_bucket", le="+Inf")
+
+
+ITL_SUM = series_key(f"{c.INTER_TOKEN_LATENCY}_sum")
+ITL_COUNT = series_key(f"{c.INTER_TOKEN_LATENCY}_count")
+
+
+@cache
+def _step_keys(mode: str, batch: int, explored: bool) -> tuple[SeriesKey, ...]:
+    """The series one decode step adds to, by its mode, batch size and exploration."""
+    bucket = str(c.batch_bucket(batch))
+    return (
+        series_key(f"{c.STEP_SECONDS}_sum", mode=mode, batch=bucket),
+        series_key(f"{c.STEP_SECONDS}_count", mode=mode, batch=bucket),
+        series_key(c.STEP_OUTPUT_TOKENS, mode=mode, batch=bucket),
+        series_key(c.ITERATIONS, mode=mode, explored="true" if explored else "false"),
+    )
+
+
+class SimEngine:
+    """A pod's engine. `step(now)` runs one iteration starting at virtual time `now` and
+    returns its modelled seconds (None: nothing to run); the caller advances the clock."""
+
+    def __init__(self, name: str, config: PodConfig, gate: GateSettings, seed: int) -> None:
+        self.name = name
+        self.config = config
+        self.device = SimulatedDevice(config.sku, hold=False)
+        self.draft_model = LLAMA_1B if config.method == "draft" else None
+        per_token = LLAMA_8B.kv_bytes_per_token + (
+            self.draft_model.kv_bytes_per_token if self.draft_model else 0
+        )
+        num_blocks = config.kv_cache_bytes // (config.block_size * per_token)
+        self.admitted_concurrency = (num_blocks - 1) // blocks_for(
+            config.max_model_len, config.block_size
+        )
+        self.scheduler = Scheduler(
+            BlockManager(num_blocks, config.block_size),
+            config.max_batch_size,
+            config.max_prefill_tokens,
+        )
+        self.now = 0.0
+        self.gate = SpeculationGate(gate, random.Random(seed), wall_clock=lambda: self.now)
+        # each drafted token is accepted when a draw falls below the request's rate; a test may
+        # replace it with another source of draws (a real engine's, to replay them)
+        self.acceptance_draws: random.Random = random.Random(seed + 1)
+        self._tracked: dict[int, Tracked] = {}
+        self._next_id = 0
+        self.series = Series()
+        self.explored_iterations = 0
+        self.decode_iterations = 0
+        self.decode_tokens = 0
+        info = {"device": config.sku.product, "simulated": "true", "model": "llama-8b"}
+        self.series.set(c.ENGINE_INFO, 1.0, **info, draft=config.method, version="sim")
+        self.series.set(c.ADMITTED_CONCURRENCY, self.admitted_concurrency)
+        # as prometheus_client exposes them: unlabelled counters and histograms, and each
+        # request outcome, at zero from the start (a series nobody incremented yet is 0, not
+        # missing)
+        for metric in (
+            c.REQUESTS_SLO_MET,
+            c.PROMPT_TOKENS,
+            c.SPEC_DRAFTS,
+            c.SPEC_DRAFT_TOKENS,
+            c.SPEC_ACCEPTED_TOKENS,
+            *(f"{h}_{part}" for h in HISTOGRAMS for part in ("sum", "count")),
+        ):
+            self.series.inc(metric, 0.0)
+        for outcome in c.OUTCOMES:
+            self.series.inc(c.REQUESTS, 0.0, outcome=outcome)
+        for bound in (*map(str, c.LATENCY_BUCKETS), "+Inf"):
+            self.series.inc(f"{c.E2E_REQUEST_LATENCY}_bucket", 0.0, le=bound)
+
+    # --- requests -----------------------------------------------------------------
+
+    @property
+    def load(self) -> int:
+        return len(self.scheduler.running) + len(self.scheduler.waiting)
+
+    def submit(self, request: Request, now: float) -> bool:
+        """Queue a request; False (and a 429, counted as rejected) when the queue is full or
+        the request can never fit."""
+        capacity = (self.scheduler.blocks.num_blocks - 1) * self.config.block_size
+        prompt = min(request.prompt_tokens, self.config.max_model_len - 1)
+        output = min(request.output_tokens, self.config.max_model_len - prompt)
+        fits = prompt + output + self.config.k <= capacity
+        if len(self.scheduler.waiting) >= self.config.max_queue or not fits:
+            request.outcome, request.done_at = "rejected", now
+            self.series.inc(c.REQUESTS, outcome="rejected")
+            return False
+        params = SamplingParams(max_tokens=output, ignore_eos=True)
+        seq = Sequence(self._next_id, [0] * prompt, prompt, params)
+        self._next_id += 1
+        self._tracked[seq.seq_id] = Tracked(request, seq)
+        self.scheduler.add(seq)
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- one iteration ------------------------------------------------------------
+
+    def step(self, now: float) -> float | None:
+        self.now = now
+        start = self.device.modelled
+        seqs = self.scheduler.schedule_prefill()
+        if seqs:
+            self._prefill(seqs)
+            seconds = self.device.modelled - start
+            self._deliver(seqs, now + seconds)
+        elif self.scheduler.running:
+            decision = (
+                self.gate.decide(len(self.scheduler.running))
+                if self.config.method != "none"
+                else Decision(False, False)
+            )
+            speculate = decision.speculate
+            seqs = self.scheduler.schedule_decode(lookahead=self.config.k if speculate else 0)
+            if not seqs:
+                return None
+            mode = "spec" if speculate else "plain"
+            tokens, catchup = self._speculate(seqs) if speculate else self._decode(seqs)
+            seconds = self.device.modelled - start
+            self._observe_step(mode, len(seqs), tokens, seconds - catchup, decision.explored)
+            self._deliver(seqs, now + seconds)
+        else:
+            return None
+        return seconds
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        spans = [Span(range(self.scheduler.prefill_len(s)), 0) for s in seqs]
+        self.device.charge(self.device.target, spans)
+        for s in seqs:
+            if not s.is_resumed:
+                self._commit(s, 1)
+            s.plain_unread = 0
+
+    def _decode(self, seqs: list[Sequence]) -> tuple[int, float]:
+        self.device.charge(self.device.target, [Span(range(1), len(s) - 1) for s in seqs])
+        for s in seqs:
+            self._commit(s, 1)
+            s.plain_unread += 1
+        return len(seqs), 0.0
+
+    def _draft_len(self, seq: Sequence) -> int:
+        if seq.take_pause():
+            return 0
+        return max(
+            0, min(self.config.k, seq.remaining - 1, self.config.max_model_len - len(seq) - 1)
+        )
+
+    def _speculate(self, seqs: list[Sequence]) -> tuple[int, float]:
+        """The engine's forwards for one spec iteration; (tokens committed, catch-up seconds
+        kept out of the step's time)."""
+        ks = [self._draft_len(s) for s in seqs]
+        catchup = 0.0
+        drafted_seqs = [s for s, k in zip(seqs, ks, strict=True) if k]
+        t0 = self.device.modelled
+        draft = self.draft_model
+        if draft is not None:
+
+            def read(behind: list[Sequence]) -> None:
+                spans = [Span(range(len(s) - 1 - s.draft_cached), s.draft_cached) for s in behind]
+                self.device.charge(draft, spans)
+
+            bill = catch_up(drafted_seqs, read)
+            prefill, catchup = bill.split(self.device.modelled - t0)
+            t1 = self.device.modelled
+            # propose: the tokens the draft has not seen, then one forward per drafted token
+            if drafted_seqs:  # nobody drafting (all paused or finishing): no forward
+                self.device.charge(
+                    draft,
+                    [Span(range(len(s) - s.draft_cached), s.draft_cached) for s in drafted_seqs],
+                )
+            for s in drafted_seqs:
+                s.draft_cached = len(s)
+                s.plain_unread = 0
+            for i in range(1, max(ks, default=0)):
+                active = [s for s, k in zip(seqs, ks, strict=True) if k > i]
+                self.device.charge(draft, [Span(range(1), s.draft_cached) for s in active])
+                for s in active:
+                    s.draft_cached += 1
+            draft_seconds = self.device.modelled - t1
+        else:
+            prefill = draft_seconds = 0.0
+        self.device.charge(
+            self.device.target,
+            [Span(range(1 + k), len(s) - 1) for s, k in zip(seqs, ks, strict=True)],
+        )
+        committed = drafted = accepted = 0
+        for s, k in zip(seqs, ks, strict=True):
+            rate = self._tracked[s.seq_id].request.acceptance
+            acc = 0
+            while acc < k and self.acceptance_draws.random() < rate:
+                acc += 1
+            s.draft_cached = min(s.draft_cached, len(s) + acc)
+            if k:
+                s.record_acceptance(
+                    acc / k, self.config.min_acceptance, self.config.pause_iterations
+                )
+            drafted, accepted = drafted + k, accepted + acc
+            committed += self._commit(s, acc + 1)
+        bucket = str(c.batch_bucket(len(seqs)))
+        self.series.inc(c.DRAFT_SECONDS, draft_seconds, batch=bucket)
+        self.series.inc(c.DRAFT_PREFILL_SECONDS, prefill, batch=bucket)
+        self.series.inc(c.DRAFT_CATCHUP_SECONDS, catchup, batch=bucket)
+        self.series.inc(c.SPEC_DRAFTS, len(drafted_seqs))
+        self.series.inc(c.SPEC_DRAFT_TOKENS, drafted)
+        self.series.inc(c.SPEC_ACCEPTED_TOKENS, accepted)
+        return committed, catchup
+
+    def _commit(self, seq: Sequence, count: int) -> int:
+        """Append up to `count` tokens (max_tokens and the context bound them); the number
+        taken. A finished sequence leaves the batch and frees its blocks."""
+        length, limit = len(seq.token_ids), self.config.max_model_len
+        remaining = seq.params.max_tokens - (length - seq.prompt_len)
+        taken = min(count, remaining, limit - length)
+        seq.token_ids.extend([0] * taken)
+        if taken == remaining or length + taken >= limit:
+            self.scheduler.finish(seq, "length")
+        tracked = self._tracked[seq.seq_id]
+        tracked.undelivered += taken  # tokens to deliver at the iteration's end
+        return taken
+
+    def _deliver(self, seqs: list[Sequence], at: float) -> None:
+        """Tokens reach clients when the iteration ends: TTFT, inter-token gaps, completions."""
+        gaps = tokens = 0.0
+        for s in seqs:
+            tracked = self._tracked[s.seq_id]
+            count, tracked.undelivered = tracked.undelivered, 0
+            r = tracked.request
+            if count:
+                if r.first_token_at is None:
+                    r.first_token_at = at
+                    self.series.observe(c.TIME_TO_FIRST_TOKEN, at - r.arrival)
+                else:
+                    gaps += at - (r.last_token_at or at)
+                    tokens += count
+                r.last_token_at = at
+            if s.status is Status.FINISHED:
+                self._finish(tracked, at)
+        if tokens:
+            self.series.values[ITL_SUM] += gaps
+            self.series.values[ITL_COUNT] += tokens
+
+    def _finish(self, tracked: Tracked, at: float) -> None:
+        del self._tracked[tracked.seq.seq_id]
+        r = tracked.request
+        r.done_at, r.outcome = at, "ok"
+        assert r.first_token_at is not None
+        timing = RequestTiming(r.first_token_at - r.arrival, at - r.arrival, tracked.seq.num_output)
+        r.slo_met = timing.meets(self.config.ttft_s, self.config.tpot_s)
+        self.series.inc(c.REQUESTS, outcome="ok")
+        self.series.inc(c.PROMPT_TOKENS, tracked.seq.prompt_len)
+        self.series.observe(c.E2E_REQUEST_LATENCY, timing.e2e, c.LATENCY_BUCKETS)
+        if r.slo_met:
+            self.series.inc(c.REQUESTS_SLO_MET)
+
+    def _observe_step(
+        self, mode: str, batch: int, tokens: int, seconds: float, explored: bool
+    ) -> None:
+        total, count, committed, iterations = _step_keys(mode, batch, explored)
+        values = self.series.values
+        values[total] += seconds
+        values[count] += 1
+        values[committed] += tokens
+        values[iterations] += 1
+        self.decode_iterations += 1
+        self.decode_tokens += tokens
+        self.explored_iterations += explored
+
+    def sample(self) -> dict[SeriesKey, float]:
+        """The series as a scrape reads them now: the gauges are what they are at this
+        instant, as Prometheus samples them."""
+        s, blocks = self.scheduler, self.scheduler.blocks
+        self.series.set(c.NUM_REQUESTS_RUNNING, len(s.running))
+        self.series.set(c.NUM_REQUESTS_WAITING, len(s.waiting))
+        self.series.set(c.KV_CACHE_USAGE, 1 - blocks.num_free / blocks.usable_blocks)
+        threshold = self.gate.settings.threshold
+        self.series.set(c.SPEC_THRESHOLD, float("inf") if threshold is None else threshold)
+        self.series.set(c.SPEC_EXPLORATION_RATIO, self.gate.settings.exploration_at(self.now))
+        return self.series.values

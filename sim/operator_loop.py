@@ -1,0 +1,73 @@
+"""The operator in the simulation: the same pure turn the kopf daemon takes (tuning.observe,
+tuning.tune), with the status committed to a dict instead of the API server (a merge patch,
+as the API server applies it) and the process memory (traffic windows, pods' SKUs) kept
+until a simulated restart drops it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from spectune.operator import tuning
+from spectune.operator.fleet_memory import record_window
+from spectune.operator.models import SpecDeploymentSpec
+from spectune.operator.observations import FleetWindow, Traffic
+
+SELECTOR = '{namespace="sim"}'
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 JSON merge patch: None deletes, mappings merge, anything else replaces."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class SimOperator:
+    def __init__(self, name: str, lease_seconds: float) -> None:
+        self.name = name
+        self.lease_seconds = lease_seconds
+        self.status: dict[str, Any] = {}
+        self.generation = 1
+        self.skus: dict[str, str] = {}
+        self.traffic: list[tuple[datetime, Traffic]] = []
+
+    def restart(self) -> None:
+        """A new operator process: status survives (it is in the API server), memory does not."""
+        self.skus, self.traffic = {}, []
+
+    def turn(
+        self,
+        now: float,
+        spec: SpecDeploymentSpec,
+        pods: list[dict[str, Any]],
+        rollout: dict[str, Any],
+        read: Callable[[int], FleetWindow],
+    ) -> tuning.Turn:
+        """Observe, decide and commit one turn at unix time `now`."""
+        when = datetime.fromtimestamp(round(now), UTC)
+        state = tuning.saved_state(spec, self.status)
+        observation = tuning.observe(spec, state, pods, when, read, self.traffic, SELECTOR)
+        turn = tuning.tune(
+            self.name,
+            spec,
+            self.status,
+            self.generation,
+            pods,
+            rollout,
+            observation,
+            self.skus,
+            self.lease_seconds,
+        )
+        self.status = merge(self.status, turn.status)
+        self.skus = turn.skus
+        if observation.window is not None and turn.state.calibration.phase == "Idle":
+            self.traffic = record_window(self.traffic, when, observation.window.traffic)
+        return turn

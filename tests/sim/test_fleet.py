@@ -1,0 +1,116 @@
+"""Whole runs of small scenarios: the operator's own decisions in the loop, in virtual time.
+Each runs a few simulated minutes in a few seconds of real time. Numbers are simulated (the
+SKUs' device-time model), so the assertions are about decisions and bookkeeping, not speed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from spectune.engine.device_time import LLAMA_1B, LLAMA_8B, SKUS, Setting, analytic_crossover
+from spectune.sim.results import Run
+from spectune.sim.run import simulate
+from spectune.sim.scenario import Scenario, parse_scenario
+
+
+def scenario(**changes: Any) -> Scenario:
+    base: dict[str, Any] = {
+        "name": "t",
+        "traffic": {"rate": 12, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 300},
+        "acceptance": {"mean": 0.7, "spread": 0.0},
+        "fleet": {"pools": [{"sku": "A100", "replicas": 1}], "startup_s": 5, "kv_cache_gib": 60},
+        "spec": {
+            "model": {"name": "llama-8b"},
+            "engine": {"maxBatchSize": 256},
+            "speculation": {"method": "draft", "draft": "llama-1b", "numSpeculativeTokens": 4},
+            "slo": {"ttftMilliseconds": 2000, "tpotMilliseconds": 100},
+            "tuning": {"calibrationWindowSeconds": 60, "minDwellSeconds": 0},
+        },
+        "policies": ["auto"],
+        "window_s": 60,
+    }
+    return parse_scenario(base | changes)
+
+
+def only(runs: list[Run], policy: str) -> Run:
+    return next(r for r in runs if r.policy == policy)
+
+
+def test_a_seed_replays_exactly_and_every_policy_gets_the_same_arrivals() -> None:
+    sc = scenario(
+        policies=["auto", "never", 16],
+        traffic={"rate": 8, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 120},
+    )
+    first, again = simulate(sc), simulate(sc, policies=["auto"])
+    a, b = only(first.runs, "auto"), only(again.runs, "auto")
+    assert a.model_dump(exclude={"wall_seconds"}) == b.model_dump(exclude={"wall_seconds"})
+    assert len({r.requests for r in first.runs}) == 1  # common random numbers
+    assert only(first.runs, "never").explored_share == 0.0
+    assert all(
+        w.thresholds == {"NVIDIA-A100-SXM4-40GB": 16} for w in only(first.runs, "16").windows
+    )
+
+
+def test_auto_measures_a_threshold_and_verifies_it() -> None:
+    run = only(simulate(scenario()).runs, "auto")
+    first = run.calibrations[0]
+    assert first.trigger == "Initial" and first.outcome == "ThresholdChanged"
+    assert first.decided_s is not None and first.decided_s - first.started_s <= 90
+    reasons = [e.reason for e in run.events]
+    assert "ThresholdVerified" in reasons and "RolledBack" not in reasons
+    changed = [p for p in run.thresholds if p.threshold is not None]
+    assert changed, "no threshold was set"
+    # exploration is raised only while calibrating: the steady windows run the base 2%
+    assert run.windows[-1].explored_share < 0.06 < run.windows[0].explored_share
+
+
+def test_the_crossover_measured_on_live_traffic_is_the_device_models() -> None:
+    """Prompts x4 at 60% of the load half way: the operator re-measures (a traffic trigger) and
+    both crossovers it commits lie within 10% of the roofline's with the draft's prefill spread
+    over each request. The prefill outweighs the longer contexts' extra KV reads here, so the
+    crossover falls (64 -> 256 prompt tokens: 65 -> 62 in the model)."""
+    sc = scenario(
+        traffic={"rate": 28, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 450},
+        events=[{"kind": "context", "at_s": 200, "scale": 4}, {"kind": "load", "at_s": 200,
+                                                             "scale": 0.6}],
+    )  # fmt: skip
+    run = only(simulate(sc).runs, "auto")
+    after = [c for c in run.calibrations if c.started_s > 200]
+    assert after and after[0].trigger == "Traffic" and after[0].started_s <= 200 + 4 * 60
+    measured = [p.crossover for p in run.thresholds if p.crossover is not None]
+    assert len(measured) == 2, run.thresholds
+
+    def model(prompt: int) -> float:
+        setting = Setting(
+            SKUS["A100"], LLAMA_8B, LLAMA_1B, 4, 0.7, prompt + 64, requests=(prompt, 128)
+        )
+        crossover = analytic_crossover(setting)
+        assert crossover is not None
+        return crossover
+
+    assert measured[0] == pytest.approx(model(64), rel=0.1)
+    assert measured[1] == pytest.approx(model(256), rel=0.1)
+    assert measured[1] < measured[0]
+
+
+def test_a_prometheus_outage_changes_no_threshold_and_tuning_resumes() -> None:
+    sc = scenario(
+        traffic={"rate": 12, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 360},
+        events=[{"kind": "prometheus_outage", "at_s": 20, "duration_s": 100}],
+    )
+    run = only(simulate(sc).runs, "auto")
+    during = [e for e in run.events if 20 <= e.at_s < 120]
+    assert not [e for e in during if e.reason == "ThresholdChanged"]
+    assert any(c.trigger == "Initial" and c.started_s >= 120 for c in run.calibrations)
+
+
+def test_a_scale_up_adds_pods_that_serve_and_are_measured() -> None:
+    sc = scenario(
+        traffic={"rate": 12, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 300},
+        events=[{"kind": "scale", "at_s": 120, "replicas": 3}],
+    )
+    run = only(simulate(sc).runs, "auto")
+    assert run.windows[0].pods == pytest.approx(1, abs=0.2)
+    assert run.windows[-1].pods == pytest.approx(3, abs=0.01)
+    assert run.finished > 0.9 * run.requests
