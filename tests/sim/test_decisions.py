@@ -12,28 +12,13 @@ from typing import Any
 
 from spectune.sim.results import Run
 from spectune.sim.run import simulate
-from spectune.sim.scenario import parse_scenario
+from tests.sim.support import BASE, scenario
 
-BASE: dict[str, Any] = {
-    "name": "decisions",
-    "traffic": {"rate": 16, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 480},
-    "acceptance": {"mean": 0.7, "spread": 0.0},
-    "fleet": {"pools": [{"sku": "A100", "replicas": 1}], "startup_s": 5, "kv_cache_gib": 60},
-    "spec": {
-        "model": {"name": "llama-8b"},
-        "engine": {"maxBatchSize": 256},
-        "speculation": {"method": "draft", "draft": "llama-1b", "numSpeculativeTokens": 4},
-        "slo": {"ttftMilliseconds": 2000, "tpotMilliseconds": 100},
-        "tuning": {"calibrationWindowSeconds": 60, "minDwellSeconds": 0},
-    },
-    "policies": ["auto"],
-    "window_s": 60,
-}
+TRAFFIC = BASE["traffic"] | {"rate": 16, "duration_s": 480}
 
 
 def run(**changes: Any) -> Run:
-    data = copy.deepcopy(BASE) | changes
-    return simulate(parse_scenario(data)).runs[0]
+    return simulate(scenario(**{"traffic": TRAFFIC} | changes)).runs[0]
 
 
 def changes(r: Run, after: float = 0.0) -> list[str]:
@@ -63,7 +48,7 @@ def test_a_raise_that_meets_poorer_drafting_is_rolled_back() -> None:
     the turn: both runs are identical until it."""
     improving = [accepted(150, 0.7)]
     base = {"acceptance": {"mean": 0.4, "spread": 0.0},
-            "traffic": BASE["traffic"] | {"duration_s": 540}}  # fmt: skip
+            "traffic": TRAFFIC | {"duration_s": 540}}  # fmt: skip
     kept = run(events=improving, **base)
     raised = next(e for e in kept.events if e.reason == "ThresholdChanged" and e.at_s > 150)
     assert [e.reason for e in kept.events if e.at_s > raised.at_s][:1] == ["ThresholdVerified"]
@@ -80,7 +65,7 @@ def test_a_steady_load_keeps_its_threshold_through_every_recheck() -> None:
     threshold measured first stands."""
     spec = copy.deepcopy(BASE["spec"])
     spec["tuning"]["maxAgeSeconds"] = 60
-    r = run(spec=spec, traffic=BASE["traffic"] | {"rate": 28, "duration_s": 600})
+    r = run(spec=spec, traffic=TRAFFIC | {"rate": 28, "duration_s": 600})
     rechecks = [c for c in r.calibrations if c.trigger == "MaxAge"]
     assert len(rechecks) >= 4
     assert all(c.outcome == "ThresholdKept" for c in rechecks if c.decided_s is not None)
@@ -89,7 +74,7 @@ def test_a_steady_load_keeps_its_threshold_through_every_recheck() -> None:
 
 def test_a_load_fall_is_named_and_the_crossover_measured_busy_stands() -> None:
     r = run(
-        traffic=BASE["traffic"] | {"rate": 28},
+        traffic=TRAFFIC | {"rate": 28},
         events=[{"kind": "load", "at_s": 200, "scale": 0.3}],
     )
     after = [c for c in r.calibrations if c.started_s > 200]

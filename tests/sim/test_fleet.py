@@ -4,33 +4,12 @@ SKUs' device-time model), so the assertions are about decisions and bookkeeping,
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from spectune.engine.device_time import LLAMA_1B, LLAMA_8B, SKUS, Setting, analytic_crossover
 from spectune.sim.results import Run
 from spectune.sim.run import simulate
-from spectune.sim.scenario import Scenario, parse_scenario
-
-
-def scenario(**changes: Any) -> Scenario:
-    base: dict[str, Any] = {
-        "name": "t",
-        "traffic": {"rate": 12, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 300},
-        "acceptance": {"mean": 0.7, "spread": 0.0},
-        "fleet": {"pools": [{"sku": "A100", "replicas": 1}], "startup_s": 5, "kv_cache_gib": 60},
-        "spec": {
-            "model": {"name": "llama-8b"},
-            "engine": {"maxBatchSize": 256},
-            "speculation": {"method": "draft", "draft": "llama-1b", "numSpeculativeTokens": 4},
-            "slo": {"ttftMilliseconds": 2000, "tpotMilliseconds": 100},
-            "tuning": {"calibrationWindowSeconds": 60, "minDwellSeconds": 0},
-        },
-        "policies": ["auto"],
-        "window_s": 60,
-    }
-    return parse_scenario(base | changes)
+from tests.sim.support import scenario
 
 
 def only(runs: list[Run], policy: str) -> Run:

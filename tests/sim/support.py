@@ -1,0 +1,30 @@
+"""The scenario the simulator tests start from: one simulated A100 pod, a draft model with
+k=4, 0.7 acceptance per drafted token, 60 s calibration windows and no dwell."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from spectune.sim.scenario import Scenario, parse_scenario
+
+BASE: dict[str, Any] = {
+    "name": "t",
+    "traffic": {"rate": 12, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 300},
+    "acceptance": {"mean": 0.7, "spread": 0.0},
+    "fleet": {"pools": [{"sku": "A100", "replicas": 1}], "startup_s": 5, "kv_cache_gib": 60},
+    "spec": {
+        "model": {"name": "llama-8b"},
+        "engine": {"maxBatchSize": 256},
+        "speculation": {"method": "draft", "draft": "llama-1b", "numSpeculativeTokens": 4},
+        "slo": {"ttftMilliseconds": 2000, "tpotMilliseconds": 100},
+        "tuning": {"calibrationWindowSeconds": 60, "minDwellSeconds": 0},
+    },
+    "policies": ["auto"],
+    "window_s": 60,
+}
+
+
+def scenario(**changes: Any) -> Scenario:
+    """BASE with top-level keys replaced."""
+    return parse_scenario(copy.deepcopy(BASE) | changes)
