@@ -13,6 +13,7 @@ COPY pyproject.toml /src/
 COPY operator/ /src/operator/
 COPY engine/ /src/engine/
 COPY demo/ /src/demo/
+COPY sim/ /src/sim/
 COPY docker/engine-constraints.txt /src/docker/
 # Built from / : the source's operator/ folder would shadow the standard library's module.
 RUN cd / && python3.12 -m venv /opt/spectune \

@@ -5,6 +5,7 @@ COPY pyproject.toml /src/
 COPY operator/ /src/operator/
 COPY engine/ /src/engine/
 COPY demo/ /src/demo/
+COPY sim/ /src/sim/
 COPY docker/ /src/docker/
 RUN sh /src/docker/install-operator.sh /src /opt/spectune
 
