@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from spectune.operator import autotune, render
+from spectune.operator.observations import FleetWindow, MetricsUnavailable
 from spectune.operator.tuning import exploration_lease, saved_state, tune
+from spectune.operator.tuning import observe as observe_turn
 
 from .machine import H100, L4, T0, curve, fresh, observe, spec, window
 
@@ -127,3 +129,27 @@ def test_an_engine_still_warming_up_holds_the_start_without_a_warning() -> None:
     t = tune("llm", s, {}, 1, pods, ROLLOUT, observe(0, window(pods={"e-0": H100})), {}, LEASE)
     assert t.state.calibration.phase == "Idle" and t.events == ()
     assert metrics_condition(t)["status"] == "True"
+
+
+def test_a_turn_reads_since_the_last_pod_became_ready_and_a_read_error_is_an_observation() -> None:
+    s = spec()
+    since = [T0 - timedelta(seconds=200), T0 - timedelta(seconds=40)]
+    pods = [
+        pod(f"e-{i}") | {"status": {"podIP": "127.0.0.5", "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": t.isoformat()}]}}
+        for i, t in enumerate(since)
+    ]  # fmt: skip
+    asked: list[int] = []
+
+    def read(seconds: int) -> FleetWindow:
+        asked.append(seconds)
+        return window()
+
+    seen = observe_turn(s, fresh(s), pods, T0, read, (), "{}")
+    assert seen.ready_at == since[1] and seen.settled and asked == [40]
+
+    def down(seconds: int) -> FleetWindow:
+        raise MetricsUnavailable("connection refused")
+
+    failed = observe_turn(s, fresh(s), pods, T0, down, (), "{}")
+    assert failed.window is None and failed.error == "connection refused"
