@@ -418,7 +418,11 @@ def test_a_change_is_verified_or_rolled_back_after_prometheus_comes_back(
     namespace, url = calibrated.namespace, calibrated.url
     before = speculation(url)["threshold"]
     assert before > 4, before  # the A100's measured threshold (12 on this fleet)
-    patch_sd(admin, namespace, NAME, {"tuning": {"maxAgeSeconds": 60},
+    # 40 s windows: the change's verification deadline (three windows) stays well after the
+    # 10-25 s the operator takes to see Prometheus gone (with 20 s windows a run rolled back
+    # on that deadline before the test looked)
+    patch_sd(admin, namespace, NAME, {"tuning": {"maxAgeSeconds": 60,
+                                                 "calibrationWindowSeconds": 40},
                                       "speculation": {"threshold": {"max": 4}}})  # fmt: skip
     wait_until("Verifying the move to 4", lambda: calibration_phase(admin, namespace, NAME)
                == "Verifying" or None, timeout=180)  # fmt: skip
@@ -426,18 +430,21 @@ def test_a_change_is_verified_or_rolled_back_after_prometheus_comes_back(
     wait_until("the engine on 4", lambda: speculation(url)["threshold"] == 4, timeout=15)
     prometheus.stop()
     stopped = datetime.now(UTC).timestamp()
-    degraded = wait_until(
-        "Degraded=True (Prometheus unavailable)",
-        lambda: (
-            (c := sd_condition(admin, namespace, NAME, "Degraded")).get("status") == "True" and c
-        ),
-        timeout=60,
-    )
-    assert degraded["reason"] == "PrometheusUnavailable", degraded
-    # no verdict without Prometheus: still Verifying, the engine on the changed threshold
-    assert calibration_phase(admin, namespace, NAME) == "Verifying"
-    assert speculation(url)["threshold"] == 4
-    prometheus.start()
+    try:  # started again whatever happens: the next test needs it
+        degraded = wait_until(
+            "Degraded=True (Prometheus unavailable)",
+            lambda: (
+                (c := sd_condition(admin, namespace, NAME, "Degraded")).get("status") == "True"
+                and c
+            ),
+            timeout=60,
+        )
+        assert degraded["reason"] == "PrometheusUnavailable", degraded
+        # no verdict without Prometheus: still Verifying, the engine on the changed threshold
+        assert calibration_phase(admin, namespace, NAME) == "Verifying"
+        assert speculation(url)["threshold"] == 4
+    finally:
+        prometheus.start()
 
     def verdict() -> Any:
         if calibration_phase(admin, namespace, NAME) != "Idle":
