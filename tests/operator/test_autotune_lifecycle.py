@@ -457,7 +457,12 @@ def test_a_change_is_verified_or_rolled_back_after_prometheus_comes_back(
 
     event = wait_until("a verdict once Prometheus is back", verdict, timeout=120)
     expected = 4 if event.reason == "ThresholdVerified" else before
-    assert speculation(url)["threshold"] == expected, (event.reason, event.message)
+    # the turn posts its Events before it pushes the engines: they follow within it
+    wait_until(
+        f"the engine on {expected} after {event.reason}: {event.message}",
+        lambda: speculation(url)["threshold"] == expected,
+        timeout=15,
+    )
     print(f"\nafter Prometheus came back: {event.reason}: {event.message}")
     wait_until(
         "Degraded=False again",
