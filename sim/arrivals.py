@@ -58,14 +58,13 @@ def _timed(scenario: Scenario) -> list[tuple[float, int, int]]:
     return sorted(out)
 
 
-def duration(scenario: Scenario) -> float:
-    """Virtual seconds a run lasts: the synthetic duration, or the trace slice at its speed."""
+def duration(scenario: Scenario, requests: list[Arrival]) -> float:
+    """Virtual seconds a run lasts: the synthetic duration or the trace slice's at its speed,
+    else up to the last of `requests` (the run's arrivals: the trace is not read again)."""
     source = scenario.traffic
-    if isinstance(source, SyntheticSource):
-        return source.duration_s
-    timed = _timed(scenario)
-    span = source.duration_s if source.duration_s else (timed[-1][0] * source.speed if timed else 0)
-    return span / source.speed
+    if source.duration_s:
+        return source.duration_s / (1.0 if isinstance(source, SyntheticSource) else source.speed)
+    return max((a.at for a in requests), default=0.0)
 
 
 def arrivals(scenario: Scenario, seed: int) -> list[Arrival]:

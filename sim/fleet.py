@@ -36,7 +36,7 @@ from spectune.sim.scenario import (
     Scale,
     Scenario,
 )
-from spectune.sim.scrapes import Scrapes
+from spectune.sim.scrapes import KEEP_SECONDS, Scrapes
 
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 SAMPLE_SECONDS = 5.0  # how often the running batch and ready pods are sampled for the report
@@ -129,7 +129,6 @@ class FleetSim:
         self._last = Tally()  # the totals at the last window's end
         self._triggers: list[str] = []  # each calibration's trigger, in order
         self.windows: list[Window] = []
-        self.rejected_unrouted = 0
 
     # --- the event loop -----------------------------------------------------------
 
@@ -378,6 +377,7 @@ class FleetSim:
         self._tally.running += sum(len(p.engine.scheduler.running) for p in ready)
         self._tally.pods += len(ready)
         self._tally.samples += 1
+        self.scrapes.forget(self.now - KEEP_SECONDS)
         self.at(self.now + SAMPLE_SECONDS, self._sample)
 
     def _totals(self) -> Tally:

@@ -21,23 +21,16 @@ def simulate(
     wall = time.perf_counter()
     policies = policies or scenario.policies
     seeds = seeds or scenario.seeds
-    seconds = duration(scenario)
     runs = []
     total = len(policies) * len(seeds)
     for s, seed in enumerate(seeds):
         requests = arrivals(scenario, seed)
+        seconds = duration(scenario, requests)
         for p, policy in enumerate(policies):
             done = s * len(policies) + p
 
-            def tick(
-                share: float, policy: Policy = policy, seed: int = seed, done: int = done
-            ) -> None:
-                if progress:
-                    progress(
-                        f"run {done + 1}/{total} ({policy}, seed {seed}): {share:.0%} of "
-                        f"{seconds / 60:.0f} simulated minutes, {time.perf_counter() - wall:.0f} s"
-                    )
-
+            label = f"run {done + 1}/{total} ({policy}, seed {seed})"
+            tick = _ticker(progress, label, seconds, wall)
             runs.append(simulate_run(scenario, policy, seed, requests, seconds, tick))
     pod_seconds = sum(w.pods * w.seconds for r in runs for w in r.windows)
     return SimResult(
@@ -49,3 +42,17 @@ def simulate(
         wall_seconds=time.perf_counter() - wall,
         runs=runs,
     )
+
+
+def _ticker(
+    progress: Callable[[str], None] | None, label: str, seconds: float, wall: float
+) -> Callable[[float], None] | None:
+    """A run's progress callback: the share of its virtual time done, as one line."""
+    if progress is None:
+        return None
+
+    def tick(share: float) -> None:
+        elapsed = time.perf_counter() - wall
+        progress(f"{label}: {share:.0%} of {seconds / 60:.0f} simulated minutes, {elapsed:.0f} s")
+
+    return tick
