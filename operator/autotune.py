@@ -11,10 +11,12 @@ nothing here does I/O: every decision is reproducible in a test.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from spectune.engine.contract import BATCH_BUCKETS
 from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.damping import clamp, damp
 from spectune.operator.estimator import (
@@ -33,7 +35,7 @@ from spectune.operator.models import (
     SpeculationKey,
     ThresholdStatus,
 )
-from spectune.operator.observations import FleetWindow, Traffic, served
+from spectune.operator.observations import FleetWindow, ServedByBucket, Traffic, served
 from spectune.operator.triggers import (
     Reason,
     SpecKey,
@@ -57,8 +59,12 @@ from spectune.operator.verification import (
 # bucket reaches its samples in both modes within one window even where the engine steps slowly
 # (a quarter left the high buckets of a 2-core machine under MIN_STEPS in a 45 s window).
 CALIBRATION_EXPLORATION_PERCENT = 50
-# The shortest window worth reading: a few scrape intervals, or increase() has too few points.
+# The shortest window worth reading: two scrape intervals at least (`min_window`), or
+# increase() has too few points.
 MIN_WINDOW_SECONDS = 10
+# A calibration window must hold this many scrapes: fewer leave each bucket's two modes a
+# handful of points (a 60 s window at the 30 s interval most clusters scrape at holds two).
+MIN_SCRAPES_PER_WINDOW = 8
 # A curve that does not cross is kept once the batch range traffic reaches has stopped growing
 # for this share of the calibration window (30 s of the default 120): the load has shown its
 # range, and traffic that later runs past it is the past-bound trigger's to re-measure.
@@ -137,6 +143,24 @@ def _sums_dict(steps: Mapping[str, StatsByBucket]) -> dict[str, dict[str, Bucket
     }
 
 
+def _old_mode_sums(
+    steps: Mapping[str, StatsByBucket], thresholds: Mapping[str, int | None]
+) -> dict[str, dict[str, BucketSums]]:
+    """Per SKU and bucket, the calibration window's steps in the mode the `thresholds` before
+    the change ran there (None: speculation everywhere): each bucket's rate under them at the
+    load the change meets. The window before the calibration may not have reached these
+    batches at all (a load that rose past a bound is what started it)."""
+    out: dict[str, dict[str, BucketSums]] = {}
+    for sku, stats in steps.items():
+        t = thresholds.get(sku)
+        for (mode, bucket), s in stats.items():
+            if mode == ("spec" if t is None or bucket < t else "plain"):
+                out.setdefault(sku, {})[str(bucket)] = BucketSums(
+                    steps=s.steps, tokens=s.tokens, seconds=s.seconds
+                )
+    return out
+
+
 def _sums(d: Mapping[str, Mapping[str, BucketSums]]) -> dict[str, dict[int, ModeStats]]:
     return {
         sku: {int(b): ModeStats(s.steps, s.tokens, s.seconds) for b, s in buckets.items()}
@@ -144,11 +168,29 @@ def _sums(d: Mapping[str, Mapping[str, BucketSums]]) -> dict[str, dict[int, Mode
     }
 
 
+def min_window(interval: float | None) -> float:
+    """The shortest window worth reading at this scrape interval (None: not seen yet)."""
+    return max(MIN_WINDOW_SECONDS, 2 * interval) if interval else MIN_WINDOW_SECONDS
+
+
+def window_too_short(spec: SpecDeploymentSpec, interval: float | None) -> str | None:
+    """Why the spec's calibration window is refused at this scrape interval, or None."""
+    window = spec.tuning.calibrationWindowSeconds
+    if not interval or window >= MIN_SCRAPES_PER_WINDOW * interval:
+        return None
+    return (
+        f"tuning.calibrationWindowSeconds {window} holds {window / interval:.1f} scrapes at the "
+        f"{interval:g} s scrape interval observed; a calibration needs {MIN_SCRAPES_PER_WINDOW} "
+        f"({MIN_SCRAPES_PER_WINDOW * interval:g} s or more)"
+    )
+
+
 def window_seconds(
     spec: SpecDeploymentSpec,
     cal: CalibrationStatus,
     now: datetime,
     ready_at: datetime | None = None,
+    interval: float | None = None,
 ) -> int:
     """The window to read: since the calibration started while exploring, since the change
     while verifying (only what each phase caused counts), else one calibration window, cut
@@ -161,8 +203,9 @@ def window_seconds(
     if since is None:
         calm = _calm_seconds(cal, now, ready_at)
         window = spec.tuning.calibrationWindowSeconds
-        return window if calm is None else max(MIN_WINDOW_SECONDS, min(window, int(calm)))
-    return max(MIN_WINDOW_SECONDS, int((now - _time(since)).total_seconds()))
+        shortest = min_window(interval)
+        return window if calm is None else int(max(shortest, min(window, calm)))
+    return int(max(min_window(interval), (now - _time(since)).total_seconds()))
 
 
 def _calm_seconds(
@@ -218,7 +261,7 @@ def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) 
     return (
         spec_changed(SpecKey(base.model, base.draft, base.method, base.k), SpecKey.of(spec))
         or skus_changed(frozenset(base.skus), obs.window.skus)
-        or replicas_changed(base.replicas, obs.replicas)
+        or replicas_changed(base.replicas, obs.replicas, base.covered, steps)
         or (
             traffic_shifted(baseline_traffic, recent, spec.tuning.trafficChangePercent)
             if baseline_traffic is not None
@@ -252,14 +295,15 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
         return _verify(spec, state, obs, obs.window)
     if not obs.settled:
         return Step(state)
+    interval = obs.window.scrape_interval
     calm = _calm_seconds(cal, obs.now)
-    if calm is not None and calm < MIN_WINDOW_SECONDS:
+    if calm is not None and calm < min_window(interval):
         return Step(state)  # the "before" window would hold the last calibration
     serving = READY_SHARE * spec.tuning.calibrationWindowSeconds
     if obs.ready_at is not None and (obs.now - obs.ready_at).total_seconds() < serving:
         return Step(state)  # ... or the engines' first seconds
-    if obs.unscraped:
-        return Step(state)  # metrics first: exploring pods nobody measures only costs
+    if obs.unscraped or window_too_short(spec, interval):
+        return Step(state)  # metrics first: exploring what cannot be measured only costs
     reason = trigger(spec, cal, obs)
     if reason is None:
         return Step(state)
@@ -365,17 +409,24 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
         state = dataclasses.replace(state, calibration=cal)
     window_s = spec.tuning.calibrationWindowSeconds
     steady = (obs.now - _time(cal.reachedAt)).total_seconds() if cal.reachedAt else 0.0
-    settled = steady >= max(MIN_WINDOW_SECONDS, RANGE_SETTLED_SHARE * window_s)
+    shortest = min_window(window.scrape_interval)
+    settled = steady >= max(shortest, RANGE_SETTLED_SHARE * window_s)
     estimates = estimate_by_sku(window.steps)
-    if elapsed < MIN_WINDOW_SECONDS or (
-        not decided(window, estimates, settled) and elapsed < window_s
-    ):
+    if elapsed < shortest or (not decided(window, estimates, settled) and elapsed < window_s):
         return Step(state)
     estimates = {k: e for k, e in estimates.items() if e.known}
     if not estimates:
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
     return _decide(spec, state, obs, window, estimates)
+
+
+def _covered(before: Baseline | None, estimates: Mapping[str, Estimate]) -> dict[str, list[int]]:
+    """SKU -> the smallest and largest bucket measured in both modes: this calibration's for
+    the SKUs it measured, the last one's for the others (their thresholds stand too)."""
+    kept = dict(before.covered or {}) if before is not None else {}
+    measured = {s: [e.curve[0].batch, e.curve[-1].batch] for s, e in estimates.items() if e.curve}
+    return kept | measured
 
 
 def _pods_by_sku(window: FleetWindow) -> dict[str, int]:
@@ -446,8 +497,14 @@ def _decide(
         if not auto:
             verb = "ThresholdRecommended"
         events.append(Event(verb, f"{sku}: {damped.message} ({est.reason})"))
-    # SKUs this window did not see (pods unscraped, or scaled away for now) keep theirs
-    unseen = [p for p in state.per_sku if p.sku not in estimates] if measured_before else []
+    # SKUs this window did not see (pods unscraped, or scaled away for now) keep theirs, with
+    # the pods they run on now: the ConfigMap carries the SKU most pods run on, and a SKU left
+    # with none must not win it from the one they moved to (every engine reloads that file)
+    unseen = [
+        p.model_copy(update={"pods": pods.get(p.sku, 0)})
+        for p in state.per_sku
+        if p.sku not in estimates
+    ] if measured_before else []  # fmt: skip
     main = max(per_sku, key=lambda s: (s.pods, s.sku))  # the crossover this window measured
     main_estimate = estimates[main.sku]
     per_sku += unseen
@@ -485,12 +542,15 @@ def _decide(
             for sku, e in estimates.items()
             if e.floor is not None and e.floor > t.min  # at min, smaller batches change nothing
         },
+        covered=_covered(cal.baseline, estimates),
     )
     update: dict[str, object] = {"baseline": baseline}
     if changed:
+        before_thresholds = {sku: old.get(sku, state.threshold.current) for sku in window.steps}
         update |= {
             "phase": "Verifying",
             "changedAt": _iso(now),
+            "beforeSteps": _old_mode_sums(window.steps, before_thresholds),
             "previous": list(state.per_sku) if measured_before else [],
             "previousThreshold": state.threshold,
             "unverified": None,
@@ -517,8 +577,8 @@ def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: Fl
         check = GoodputCheck("unknown", "no traffic was recorded before the change")
         warned: tuple[Event, ...] = ()
     else:
-        decode = same_mix_speedup(_sums(cal.beforeSteps), served(window.steps))
-        check = compare_goodput(before, window.traffic, decode)
+        history = [t for at, t in obs.recent if at <= _time(cal.startedAt or cal.changedAt)]
+        check = verdict(before, _sums(cal.beforeSteps), window, _moves(state), [*history, before])
         queueing = queueing_warning(before, window.traffic)
         warned = (Event("SpeculationQueueing", queueing, warning=True),) if queueing else ()
     if check.verdict == "keep":
@@ -526,6 +586,36 @@ def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: Fl
     if check.verdict == "roll_back":
         return _roll_back(spec, state, obs.now, check.message, *warned)
     return _unverified(spec, state, obs.now, check.message, *warned)
+
+
+def verdict(
+    before: Traffic,
+    before_steps: ServedByBucket,
+    after: FleetWindow,
+    moves: Mapping[str, tuple[int | None, int | None]],
+    history: Sequence[Traffic] = (),
+) -> GoodputCheck:
+    """The goodput check of a change: the window before it against the window since, judged
+    in the buckets whose mode the per-SKU threshold `moves` (old, new) flipped, with the noise
+    the windows before it (`history`, oldest first, `before` last) showed."""
+
+    def flipped(sku: str, bucket: int) -> bool:
+        """Whether some batch of `bucket` runs the other mode now (None: above every batch)."""
+        old, new = moves.get(sku, (None, None))
+        low, high = sorted(math.inf if t is None else t for t in (old, new))
+        end = next((b for b in BATCH_BUCKETS if b > bucket), math.inf)  # the next bucket's edge
+        return bucket < high and end > low
+
+    decode = same_mix_speedup(before_steps, served(after.steps), flipped)
+    return compare_goodput(before, after.traffic, decode, history)
+
+
+def _moves(state: State) -> dict[str, tuple[int | None, int | None]]:
+    """SKU -> (threshold before the change, threshold now) for the change being verified."""
+    cal = state.calibration
+    before = {p.sku: p.threshold for p in cal.previous}
+    old = cal.previousThreshold.current if cal.previousThreshold is not None else None
+    return {p.sku: (before.get(p.sku, old), p.threshold) for p in state.per_sku}
 
 
 def _unverified(

@@ -30,11 +30,15 @@ MIN_STEPS = 20
 # several windows (a quiet load of 3 clients: batch 1 in under 1% of the steps, 10 per mode in
 # 120 s, kept the demo's first calibration to its window's end).
 RARE_SHARE = 0.05
-# A measured speedup at least this far from 1 is no noise: a threshold move that flips such a
-# bucket's mode is made even within the dead band.
-CLEAR_SPEEDUP = 0.1
-# Steps per mode in the deciding buckets for full confidence (the noise of a mean of n
-# step times falls as 1/sqrt(n): 200 steps of 10% noise give under 1%).
+# The noise of one decode step's throughput, as a share of it, that confidence and the clear
+# buckets assume (the mean of n steps has 1/sqrt(n) of it: 200 steps, under 1%).
+STEP_NOISE = 0.1
+# A bucket whose speedup is this many standard errors from 1, and at least CLEAR_FLOOR from it,
+# is clearly measured: a threshold move that flips its mode is made even within the dead band.
+# The floor stands for what the noise does not hold (the bias of a bucket's mean batch, say).
+CLEAR_Z = 3.0
+CLEAR_FLOOR = 0.05
+# Steps per mode in the deciding buckets for full confidence.
 CONFIDENT_STEPS = 200
 
 
@@ -99,15 +103,21 @@ class Estimate:
         speedup is clearly not 1 (batches from the lower threshold up to the higher change
         mode; None is above every batch). The dead band holds one-bucket moves because the
         crossover is only located within a bucket, not moves that measurement clearly asks for:
-        threshold 1 runs batch 1 plain, where speculation may pay by half."""
+        threshold 1 runs batch 1 plain, where speculation may pay by half; 39 -> 63 speculates
+        at batch 54, where it paid 7% over hundreds of steps in each mode."""
         low, high = sorted(math.inf if t is None else t for t in (a, b))
-        return any(
-            low <= p.batch < high and abs(p.speedup - 1) >= CLEAR_SPEEDUP for p in self.curve
-        )
+        return any(low <= p.batch < high and clearly_not_one(p) for p in self.curve)
 
     def compact_curve(self) -> dict[str, float]:
         """Bucket -> speedup, rounded, for status (string keys: JSON objects)."""
         return {str(p.batch): round(p.speedup, 3) for p in self.curve}
+
+
+def clearly_not_one(point: SpeedupPoint) -> bool:
+    """Whether a bucket's speedup is beyond its noise from 1: STEP_NOISE per step in each mode,
+    CLEAR_Z standard errors of the ratio, and at least CLEAR_FLOOR."""
+    se = point.speedup * STEP_NOISE * math.sqrt(1 / point.plain.steps + 1 / point.spec.steps)
+    return abs(point.speedup - 1) >= max(CLEAR_FLOOR, CLEAR_Z * se)
 
 
 def common_buckets(

@@ -101,7 +101,8 @@ def observe(
     """Read this SpecDeployment's engines from Prometheus (blocking: the daemon's thread)."""
     selector = Selector(namespace, name, memo.prometheus_labels)
     reader = prometheus(memo.prometheus_url)
-    return tuning.observe(
+    interval = memo.get("scrape_interval")
+    seen = tuning.observe(
         spec,
         state,
         pods,
@@ -109,7 +110,11 @@ def observe(
         lambda seconds: reader.read(selector, seconds),
         memo.get("traffic", []),
         selector.matchers(),
+        interval,
     )
+    if seen.window is not None:
+        memo.scrape_interval = seen.window.scrape_interval or interval
+    return seen
 
 
 def push(name: str, namespace: str, targets: tuple[tuning.Target, ...]) -> None:

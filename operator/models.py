@@ -219,6 +219,11 @@ class Baseline(BaseModel):
         description="SKU -> the smallest batch measured, for SKUs where speculation paid at "
         "no batch measured: traffic running below it re-measures",
     )
+    covered: dict[str, list[int]] | None = Field(
+        default=None,
+        description="SKU -> [smallest, largest] batch bucket measured in both modes: a replica "
+        "change re-measures only once the load runs outside it",
+    )
 
 
 class SpeculationKey(BaseModel):
@@ -265,7 +270,8 @@ class CalibrationStatus(BaseModel):
     )
     beforeSteps: dict[str, dict[str, BucketSums]] = Field(
         default_factory=dict,
-        description="SKU -> batch bucket -> decode steps before the last change (goodput check)",
+        description="SKU -> batch bucket -> decode steps before the last change, in the mode "
+        "the thresholds before it ran there, from the calibration's window (goodput check)",
     )
     reached: dict[str, list[int]] = Field(
         default_factory=dict,

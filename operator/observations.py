@@ -34,10 +34,17 @@ class Traffic:
     e2e_p95_seconds: float | None = None  # end-to-end request latency, 95th percentile
     inter_token_seconds: float | None = None  # summed gaps between streamed tokens
     inter_tokens: float | None = None  # how many gaps
+    engines: float | None = None  # the fresh engines the window sums over
 
     @property
     def request_rate(self) -> float | None:
         return None if self.requests is None else self.requests / self.seconds
+
+    @property
+    def request_rate_per_engine(self) -> float | None:
+        """What each engine serves: the load a threshold sees. A rise that an HPA absorbs by
+        adding replicas leaves it where it was."""
+        return _ratio(self.request_rate, self.engines)
 
     @property
     def judged_requests(self) -> float | None:
@@ -96,6 +103,7 @@ class FleetWindow:
     engines: Mapping[str, EngineInfo]  # pod -> info
     steps: Mapping[str, StatsByBucket]  # device (SKU) -> (mode, bucket) -> sums
     traffic: Traffic
+    scrape_interval: float | None = None  # seconds between two scrapes; None: not seen yet
 
     @property
     def skus(self) -> frozenset[str]:

@@ -17,6 +17,7 @@ The client is synchronous (requests): handlers call `read` through
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,18 +119,43 @@ class PrometheusReader:
             raise PrometheusUnavailable("vector(time()): an empty answer")
         return _number(result[0]["value"][0], "evaluation time")
 
-    def engines(self, selector: Selector, at: float | None = None) -> dict[str, EngineInfo]:
-        """Pod -> info for the warm engines scraped within `stale_after_seconds` of `at`."""
+    def scrape_interval(self, selector: Selector, at: float | None = None) -> float | None:
+        """Seconds between two scrapes of these engines: the median gap between the samples of
+        their info series over the last two minutes; None before a series has two."""
+        query = f"{c.ENGINE_INFO}{selector.matchers()}[120s]"
+        try:
+            result = self.client.custom_query(query, params={"time": at} if at else None)
+        except (requests.RequestException, PrometheusApiClientException, ValueError) as e:
+            raise PrometheusUnavailable(f"{query}: {e}") from e
+        if not isinstance(result, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("values"), list) for r in result
+        ):
+            raise PrometheusUnavailable(f"{query}: not a range vector: {result!r:.200}")
+        gaps = sorted(
+            _number(b[0], query) - _number(a[0], query)
+            for r in result
+            for a, b in itertools.pairwise(r["values"])
+        )
+        return gaps[len(gaps) // 2] if gaps else None
+
+    def engines(
+        self, selector: Selector, at: float | None = None, interval: float | None = None
+    ) -> dict[str, EngineInfo]:
+        """Pod -> info for the warm engines scraped within the staleness of `at`. Staleness and
+        warm-up follow the scrape `interval` where it is longer than they allow: a fresh
+        series is up to one interval old, and a counter needs two samples to increase."""
+        stale = max(self.stale_after, 3 * interval) if interval else self.stale_after
+        warm_up = max(self.warm_up, 2 * interval) if interval and self.warm_up else self.warm_up
         info = f"{c.ENGINE_INFO}{selector.matchers()}"
         query = f"timestamp({info})"
-        if self.warm_up > 0:  # and: the engines up then too (matched on all labels but name)
-            query += f" and {info} offset {round(self.warm_up * 1000)}ms"
+        if warm_up > 0:  # and: the engines up then too (matched on all labels but name)
+            query += f" and {info} offset {round(warm_up * 1000)}ms"
         found = {}
         for r in self._query(query, at):
             m, (now, scraped) = r["metric"], r["value"]
             age = _number(now, "evaluation time") - _number(scraped, c.ENGINE_INFO)
             pod = m.get(selector.labels.pod)
-            if pod is None or age > self.stale_after:
+            if pod is None or age > stale:
                 continue
             simulated = m.get("simulated")
             found[pod] = EngineInfo(
@@ -146,7 +172,8 @@ class PrometheusReader:
     def read(self, selector: Selector, window_seconds: int) -> FleetWindow:
         """Step sums per (SKU, mode, bucket) and traffic over the last `window_seconds`."""
         at = self.now()
-        pods = self.engines(selector, at)
+        interval = self.scrape_interval(selector, at)
+        pods = self.engines(selector, at, interval)
         sel, w, pod = selector.matchers(), f"[{int(window_seconds)}s]", selector.labels.pod
 
         def increase(metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod:
@@ -158,7 +185,7 @@ class PrometheusReader:
         def mean_gauge(metric: str) -> dict[str, float]:
             return self._per_pod(f"avg_over_time({metric}{sel}{w})", at, pods, pod).get((), {})
 
-        return fleet_window(pods, window_seconds, increase, mean_gauge)
+        return fleet_window(pods, window_seconds, increase, mean_gauge, interval)
 
 
 def _number(value: Any, what: str) -> float:

@@ -35,17 +35,45 @@ class Reason:
 
 # The traffic signals a shift is judged on: the crossover moves with each of them.
 TRAFFIC_SIGNALS = {
-    "request rate": "request_rate",
+    "request rate per engine": "request_rate_per_engine",
     "prompt tokens per request": "prompt_tokens_per_request",
     "output tokens per request": "tokens_per_request",
     "acceptance rate": "acceptance",
 }
 
 
-def replicas_changed(before: int, now: int) -> Reason | None:
+def replicas_changed(
+    before: int,
+    now: int,
+    covered: Mapping[str, Sequence[int]] | None = None,
+    steps: Mapping[str, StatsByBucket] | None = None,
+    share: float = 0.5,
+    min_steps: int = MIN_STEPS,
+) -> Reason | None:
+    """A replica change moves the batches each pod runs, not the speedup curve (on hardware a
+    pod has to itself): it re-measures only once most of a window's decode steps on a SKU
+    run outside the buckets the last calibration `covered` (SKU -> smallest, largest bucket
+    measured in both modes). An HPA that keeps each pod's load where it was then never starts
+    one; the window, a majority of steps after the change, is its debounce. None for
+    `covered` (a baseline from before coverage was recorded) re-measures on any change."""
     if before == now:
         return None
-    return Reason("Replicas", f"replicas changed from {before} to {now}")
+    changed = f"replicas changed from {before} to {now}"
+    if covered is None:
+        return Reason("Replicas", changed)
+    for sku, (low, high) in sorted(covered.items()):
+        outside = _share_of_steps(
+            (steps or {}).get(sku, {}), lambda b, lo=low, hi=high: not lo <= b <= hi, share,
+            min_steps,
+        )  # fmt: skip
+        if outside is not None:
+            measured = f"batch {low}" if low == high else f"batches {low}-{high}"
+            return Reason(
+                "Replicas",
+                f"{changed}, and {outside:.0%} of decode steps on {sku} ran outside {measured}, "
+                "the range last measured",
+            )
+    return None
 
 
 def skus_changed(before: frozenset[str], now: frozenset[str]) -> Reason | None:

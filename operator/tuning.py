@@ -30,9 +30,11 @@ from spectune.operator.status import (
 )
 
 # A ready engine that Prometheus scrapes has fresh, warm series this long after it became
-# ready (the reader's 15 s warm-up and 30 s staleness); one without them by then is not
-# scraped, and the MetricsAvailable condition says so. Before that it only holds a start.
+# ready (the reader's 15 s warm-up and 30 s staleness), or five scrape intervals where those
+# are longer; one without them by then is not scraped, and the MetricsAvailable condition
+# says so. Before that it only holds a start.
 SCRAPE_GRACE = timedelta(seconds=45)
+GRACE_SCRAPES = 5
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,12 @@ def observe(
     read: Callable[[int], FleetWindow],
     recent: Sequence[tuple[datetime, Traffic]],
     selector: str,
+    interval: float | None = None,
 ) -> Observation:
     """What this turn sees: the pods, and the engines' window `read` returns over the seconds
     the calibration phase asks for (Prometheus for the operator, the simulator's scrapes for
-    spectune-sim). Manual reads nothing: the pin needs no measurement."""
+    spectune-sim) at the scrape `interval` last observed. Manual reads nothing: the pin needs
+    no measurement."""
     unready = unready_pods(pods)
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     ready = len(live) - len(unready)
@@ -99,7 +103,7 @@ def observe(
         return Observation(now, ready, settled, None)
     since = [t for p in live if (t := ready_since(p)) is not None]
     ready_at = max(since) if since else None
-    seconds = autotune.window_seconds(spec, state.calibration, now, ready_at)
+    seconds = autotune.window_seconds(spec, state.calibration, now, ready_at, interval)
     try:
         window = read(seconds)
     except MetricsUnavailable as err:
@@ -158,7 +162,7 @@ def tune(
     if observation.error:
         conditions = prometheus_down(conditions, observation.error, now, previous)
     if spec.speculation.threshold.mode != "Manual":
-        metrics = metrics_available(observation, ready, previous)
+        metrics = metrics_available(spec, observation, ready, previous)
         conditions.append(metrics)
         was = next((c for c in previous if c.get("type") == metrics.type), {})
         if metrics.status == "False" and was.get("status") != "False":
@@ -183,19 +187,25 @@ def tune(
 
 
 def metrics_available(
-    observation: Observation, ready: Mapping[str, datetime | None], previous: list[dict]
+    spec: SpecDeploymentSpec,
+    observation: Observation,
+    ready: Mapping[str, datetime | None],
+    previous: list[dict],
 ) -> Condition:
-    """Whether Prometheus holds fresh series for every ready engine: no calibration starts
-    until it does, and a pod ready for `SCRAPE_GRACE` without them is named, with the selector
-    queried (a PodMonitor nobody selects is the usual cause on a fresh install)."""
+    """Whether Prometheus holds fresh series for every ready engine, scraped often enough for
+    the calibration window: no calibration starts until it does. A pod ready for the grace
+    without series is named, with the selector queried (a PodMonitor nobody selects is the
+    usual cause on a fresh install); a window holding too few scrapes says so."""
     now = observation.now
     if observation.window is None:
         why = f"cannot read Prometheus: {(observation.error or '')[:200]}"
         return condition("MetricsAvailable", False, "PrometheusUnavailable", why, now, previous)
+    interval = observation.window.scrape_interval
+    grace = max(SCRAPE_GRACE, timedelta(seconds=GRACE_SCRAPES * (interval or 0)))
     overdue = [
         pod
         for pod in observation.unscraped
-        if (since := ready.get(pod)) is None or now - since >= SCRAPE_GRACE
+        if (since := ready.get(pod)) is None or now - since >= grace
     ]
     if overdue:
         message = (
@@ -206,6 +216,11 @@ def metrics_available(
             "flags name"
         )
         return condition("MetricsAvailable", False, "EnginesNotScraped", message, now, previous)
+    if too_short := autotune.window_too_short(spec, interval):
+        message = f"{too_short}: no calibration until the window is longer"
+        return condition(
+            "MetricsAvailable", False, "CalibrationWindowTooShort", message, now, previous
+        )
     scraped = len(ready) - len(observation.unscraped)
     warming = f"; {len(observation.unscraped)} warming up" if observation.unscraped else ""
     message = f"{scraped} of {len(ready)} ready engines scraped{warming}"

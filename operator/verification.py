@@ -4,7 +4,9 @@ speculation's memory bill showing as queueing. Pure.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,81 +47,120 @@ def queueing_warning(before: Traffic, after: Traffic, tolerance: float = 0.1) ->
 @dataclass(frozen=True)
 class SameMixSpeedup:
     """How much faster the after window decoded than the before window would have, on the
-    after window's batch mix."""
+    after window's batch mix, in the buckets the change flipped."""
 
     speedup: float
-    covered: float  # the share of the after window's decode time in the compared buckets
+    covered: float  # the share of the flipped buckets' decode time (after) that compared
+    margin: float  # the fall that is beyond noise here
+    untouched: bool = False  # no step since ran in a flipped bucket: each ran its old mode
 
 
 def same_mix_speedup(
-    before: ServedByBucket, after: ServedByBucket, min_steps: int = MIN_STEPS
+    before: ServedByBucket,
+    after: ServedByBucket,
+    flipped: Callable[[str, int], bool],
+    min_steps: int = MIN_STEPS,
+    z: float = 3.0,
+    floor: float = 0.05,
 ) -> SameMixSpeedup | None:
-    """For every (SKU, bucket) with `min_steps` steps in both windows: the seconds the after
-    window's tokens would have taken at the before window's rate there, over the seconds they
-    took. A threshold changes the mode bucket by bucket while the load moves the batch mix
-    (a bigger batch decodes more tokens per second in either mode), so a fleet-wide tokens
-    per busy second would mistake a load change for the threshold's effect. A bucket that
-    decoded no tokens before has no rate to compare with and is left out. None when no
-    bucket compares."""
-    would, took, total = 0.0, 0.0, 0.0
+    """For every (SKU, bucket) the change `flipped` to the other mode with `min_steps` steps
+    in both windows: the seconds the after window's tokens would have taken at the before
+    window's rate there, over the seconds they took. Only those buckets: the others ran the
+    same mode before and after, and what moved there is the load's doing (a bigger batch
+    decodes more tokens per second in either mode, and a longer context fewer), not the
+    change's. Those others give the noise instead: the spread of their after/before rates,
+    per step, scaled to the flipped buckets' steps, sets the `margin` (at least `floor`; just
+    `floor` with fewer than two to learn from). A bucket that decoded no tokens before has no
+    rate to compare with and is left out. When the after window decoded, but in no flipped
+    bucket, every step ran the mode it ran before: `untouched`, a speedup of 1 by construction
+    (a threshold moved among batches the traffic does not make). None when the after window
+    decoded nothing, or its flipped buckets do not compare."""
+    would, took, flipped_seconds = 0.0, 0.0, 0.0
+    weights: list[tuple[float, float]] = []  # flipped: (seconds, 1/n before + 1/n after)
+    spread, variance = 0.0, 0.0  # unflipped: sum of squared log ratios, and of 1/n + 1/n
+    controls = 0
     for sku, buckets in after.items():
         for bucket, now in buckets.items():
-            total += now.seconds
+            flips = flipped(sku, bucket)
+            flipped_seconds += now.seconds if flips else 0.0
             then = before.get(sku, {}).get(bucket)
             rate = then.throughput if then is not None else None
-            if not rate or min(then.steps, now.steps) < min_steps:  # no rate, or none decoded
-                continue
-            would += now.tokens / rate
-            took += now.seconds
+            if not rate or min(then.steps, now.steps) < min_steps or now.seconds <= 0:
+                continue  # no rate, or none decoded
+            per_step = 1 / then.steps + 1 / now.steps
+            if flips:
+                would += now.tokens / rate
+                took += now.seconds
+                weights.append((now.seconds, per_step))
+            elif now.tokens > 0:
+                spread += math.log(now.throughput / rate) ** 2
+                variance += per_step
+                controls += 1
+    if flipped_seconds <= 0 and any(s.seconds > 0 for b in after.values() for s in b.values()):
+        return SameMixSpeedup(1.0, 1.0, floor, untouched=True)
     if took <= 0:
         return None
-    return SameMixSpeedup(would / took, took / total)
+    margin = floor
+    if controls >= 2 and variance > 0:
+        noise = spread / variance  # squared relative noise of one step's rate
+        se = math.sqrt(noise * sum((t / took) ** 2 * v for t, v in weights))
+        margin = max(floor, 1 - math.exp(-z * se))
+    return SameMixSpeedup(would / took, took / flipped_seconds, margin)
 
 
 def compare_goodput(
     before: Traffic,
     after: Traffic,
     decode: SameMixSpeedup | None,
+    history: Sequence[Traffic] = (),
     z: float = 3.0,
-    throughput_tolerance: float = 0.05,
     min_covered: float = 0.5,
     load_tolerance: float = 0.25,
     min_requests: int = 50,
 ) -> GoodputCheck:
     """Keep or roll back a threshold change, from windows before and after it.
 
-    Two measures, each normalised for load. Decode throughput on the same batch mix
-    (`same_mix_speedup`): a drop beyond `throughput_tolerance`, in buckets holding at least
-    `min_covered` of the after window's decode time, rolls back whatever the load did. The
-    SLO-met share of requests (goodput per request, where speculation's memory bill shows as
-    queueing): a drop beyond the binomial noise of both windows (a two-proportion z-test)
-    rolls back, if both windows have `min_requests` and request rates within
-    `load_tolerance` of each other (a busier window misses more SLOs whatever the
-    threshold). Neither measure comparable: "unknown", and the caller keeps the change (no
-    evidence against it)."""
-    speedup = decode.speedup if decode is not None and decode.covered >= min_covered else None
-    if speedup is not None and speedup < 1 - throughput_tolerance:
-        assert decode is not None
+    Two measures, each normalised for load. Decode throughput on the same batch mix in the
+    buckets the change flipped (`same_mix_speedup`): a fall beyond its noise margin, in
+    buckets holding at least `min_covered` of those buckets' decode time, rolls back whatever
+    the load did. The SLO-met share of requests (goodput per request, where speculation's
+    memory bill shows as queueing): a fall rolls back if it is beyond the binomial noise of
+    both windows (a two-proportion z-test) and beyond every move the share made between
+    consecutive windows of `history` (the windows before the change, oldest first: traffic
+    that bursts or climbs moves the share by itself, and requests in one burst miss together),
+    with both windows holding `min_requests` and request rates within `load_tolerance` (a busier
+    window misses more SLOs whatever the threshold). Neither measure comparable: "unknown".
+    """
+    usable = decode is not None and decode.covered >= min_covered
+    speedup = decode.speedup if decode is not None and usable else None
+    if decode is not None and speedup is not None and speedup < 1 - decode.margin:
         return GoodputCheck(
             "roll_back",
-            f"decode throughput on the same batch mix fell {1 - speedup:.0%} "
-            f"(more than {throughput_tolerance:.0%}; buckets holding {decode.covered:.0%} "
-            "of decode time compared)",
+            f"decode throughput on the same batch mix fell {1 - speedup:.0%} in the buckets the "
+            f"change flipped (more than the {decode.margin:.0%} their noise allows; "
+            f"{decode.covered:.0%} of their decode time compared)",
         )
-    slo = _slo_share_drop(before, after, z, load_tolerance, min_requests)
+    slo = _slo_share_drop(before, after, history, z, load_tolerance, min_requests)
     if slo is not None and slo.verdict == "roll_back":
         return slo
     if speedup is None and (slo is None or slo.verdict == "unknown"):
         why = slo.message if slo is not None else "no SLO-met share measured"
         return GoodputCheck("unknown", f"decode throughput not comparable; {why}")
     kept = "goodput did not fall beyond noise"
-    if speedup is not None:
-        kept += f" (decode throughput on the same batch mix x{speedup:.2f})"
+    if decode is not None and decode.untouched:
+        kept += " (no batch since ran in a bucket the change flipped)"
+    elif speedup is not None:
+        kept += f" (decode throughput on the same batch mix x{speedup:.2f} where it flipped)"
     return GoodputCheck("keep", kept)
 
 
 def _slo_share_drop(
-    before: Traffic, after: Traffic, z: float, load_tolerance: float, min_requests: int
+    before: Traffic,
+    after: Traffic,
+    history: Sequence[Traffic],
+    z: float,
+    load_tolerance: float,
+    min_requests: int,
 ) -> GoodputCheck | None:
     """The SLO-met share's verdict; None when neither window measured it."""
     p0, p1 = before.slo_met_share, after.slo_met_share
@@ -137,8 +178,14 @@ def _slo_share_drop(
         )
     pooled = (p0 * n0 + p1 * n1) / (n0 + n1)
     se = math.sqrt(pooled * (1 - pooled) * (1 / n0 + 1 / n1))
-    if p1 < p0 and (p0 - p1) > z * se:
-        return GoodputCheck(
-            "roll_back", f"SLO-met share fell from {p0:.1%} to {p1:.1%} (beyond noise)"
+    shares = [s for t in history if (s := t.slo_met_share) is not None]
+    moved = max((abs(b - a) for a, b in itertools.pairwise(shares)), default=0.0)
+    if p1 < p0 and (p0 - p1) > max(z * se, moved):
+        also = (
+            f", and beyond the {moved:.1%} it moved between the windows before the change"
+            if len(shares) > 1
+            else ""
         )
+        fell = f"SLO-met share fell from {p0:.1%} to {p1:.1%} (beyond noise{also})"
+        return GoodputCheck("roll_back", fell)
     return GoodputCheck("keep", "SLO-met share did not fall beyond noise")

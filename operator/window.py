@@ -29,6 +29,7 @@ def fleet_window(
     window_seconds: float,
     increase: Increase,
     mean_gauge: Callable[[str], dict[str, float]],
+    scrape_interval: float | None = None,
 ) -> FleetWindow:
     """Step sums per (SKU, mode, bucket) and traffic over the window, for `pods` only (the
     fresh, warm ones): `increase` and `mean_gauge` return per-pod values."""
@@ -83,8 +84,9 @@ def fleet_window(
         e2e_p95_seconds=bucket_quantile(0.95, e2e),
         inter_token_seconds=total(increase(f"{c.INTER_TOKEN_LATENCY}_sum")),
         inter_tokens=total(increase(f"{c.INTER_TOKEN_LATENCY}_count")),
+        engines=float(len(pods)) if pods else None,
     )
-    return FleetWindow(engines=pods, steps=steps, traffic=traffic)
+    return FleetWindow(engines=pods, steps=steps, traffic=traffic, scrape_interval=scrape_interval)
 
 
 def steady_prefill_excess(prefill: float, spec_tokens: float, plain_tokens: float) -> float:

@@ -38,10 +38,11 @@ class SimOperator:
         self.generation = 1
         self.skus: dict[str, str] = {}
         self.traffic: list[tuple[datetime, Traffic]] = []
+        self.interval: float | None = None  # the scrape interval the last read saw
 
     def restart(self) -> None:
         """A new operator process: status survives (it is in the API server), memory does not."""
-        self.skus, self.traffic = {}, []
+        self.skus, self.traffic, self.interval = {}, [], None
 
     def turn(
         self,
@@ -54,7 +55,11 @@ class SimOperator:
         """Observe, decide and commit one turn at unix time `now`."""
         when = datetime.fromtimestamp(round(now), UTC)
         state = tuning.saved_state(spec, self.status)
-        observation = tuning.observe(spec, state, pods, when, read, self.traffic, SELECTOR)
+        observation = tuning.observe(
+            spec, state, pods, when, read, self.traffic, SELECTOR, self.interval
+        )
+        if observation.window is not None:
+            self.interval = observation.window.scrape_interval or self.interval
         turn = tuning.tune(
             self.name,
             spec,

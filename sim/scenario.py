@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spectune.engine.device_time import SKUS
+from spectune.operator.autotune import window_too_short
 from spectune.operator.models import SpecDeploymentSpec
 
 
@@ -211,6 +212,14 @@ class Scenario(Model):
                 pools.add(e.to_sku)
             if isinstance(e, Scale) and e.sku is not None:
                 pools.add(e.sku)  # a scale may open a pool
+        return self
+
+    @model_validator(mode="after")
+    def window_holds_scrapes(self) -> Scenario:
+        """The operator refuses a calibration window of too few scrapes; a scenario asking for
+        one would show an autotuner that never measures."""
+        if too_short := window_too_short(self.spec, self.operator.scrape_interval_s):
+            raise ValueError(f"spec.{too_short} (operator.scrape_interval_s)")
         return self
 
     def kv_cache_gib(self, sku: str) -> float:

@@ -27,7 +27,7 @@ QUERIED = frozenset(
         f"{c.INTER_TOKEN_LATENCY}_sum", f"{c.INTER_TOKEN_LATENCY}_count", c.ENGINE_INFO,
     }
 )  # fmt: skip
-QUERIES_PER_READ = 18  # now, engines, 16 in fleet_window: what the real reader sends
+QUERIES_PER_READ = 19  # now, scrape interval, engines, 16 in fleet_window: the real reader's
 KEEP_SECONDS = 1800.0
 
 
@@ -88,13 +88,16 @@ class Scrapes:
             del self.targets[pod]
 
     def engines(self, now: float) -> dict[str, EngineInfo]:
-        """The reader's `engines`: scraped within `stale_after`, and up `warm_up` ago."""
+        """The reader's `engines`: scraped within the staleness, and up the warm-up ago, each
+        stretched to the scrape interval as the reader stretches them."""
+        stale = max(self.stale_after, 3 * self.interval)
+        warm_up = max(self.warm_up, 2 * self.interval)
         found = {}
         for pod, target in self.targets.items():
             if not target.samples or (target.gone_at is not None and target.gone_at <= now):
                 continue
             first, (last, values) = target.samples[0][0], target.samples[-1]
-            if now - last > self.stale_after or first > now - self.warm_up:
+            if now - last > stale or first > now - warm_up:
                 continue
             info = next(dict(k[1]) for k in values if k[0] == c.ENGINE_INFO)
             found[pod] = EngineInfo(
@@ -149,4 +152,4 @@ class Scrapes:
             mean = grouped(metric, (), {}, lambda p: sum(v for _, v in p) / len(p))
             return mean.get((), {})
 
-        return fleet_window(pods, window_seconds, increase_of, mean_gauge)
+        return fleet_window(pods, window_seconds, increase_of, mean_gauge, self.interval)

@@ -40,6 +40,12 @@ def curve(crossover: float, steps: int = 100, buckets: tuple[int, ...] = BUCKETS
     return stats
 
 
+def elsewhere(sku: str = H100, bucket: int = 96) -> dict[str, StatsByBucket]:
+    """Plain decode steps at one batch bucket past what the tests' calibrations measure: where
+    a replica change moved each pod's load (the Replicas trigger fires only on such a move)."""
+    return {sku: {("plain", bucket): ModeStats(100, 100 * bucket, 1.0)}}
+
+
 def traffic(rate: float = 10.0, slo_met_share: float = 0.95, seconds: float = WINDOW) -> Traffic:
     requests = rate * seconds
     return Traffic(
@@ -51,6 +57,7 @@ def traffic(rate: float = 10.0, slo_met_share: float = 0.95, seconds: float = WI
         decode_tokens=requests * 100,
         drafted_tokens=1000.0,
         accepted_tokens=600.0,
+        engines=2.0,
     )
 
 
@@ -58,10 +65,11 @@ def window(
     steps: dict[str, StatsByBucket] | None = None,
     pods: dict[str, str] | None = None,
     load: Traffic | None = None,
+    interval: float | None = 5.0,
 ) -> FleetWindow:
     pods = pods if pods is not None else {"e-0": H100, "e-1": H100}
     engines = {p: EngineInfo(p, d, "tiny-target", "", "0.1", True, 1.0) for p, d in pods.items()}
-    return FleetWindow(engines, steps if steps is not None else {}, load or traffic())
+    return FleetWindow(engines, steps if steps is not None else {}, load or traffic(), interval)
 
 
 def observe(at: float, w: FleetWindow | None, replicas: int = 2, **kw) -> Observation:

@@ -34,6 +34,7 @@ from .machine import (
     T0,
     WINDOW,
     curve,
+    elsewhere,
     fresh,
     observe,
     spec,
@@ -49,7 +50,7 @@ def reasons(result: autotune.Step) -> list[str]:
 def calibrate(s, state: State, start: float, stats: dict[str, StatsByBucket], **kw) -> State:
     """Run one calibration from Idle to its decision; the state after the decision."""
     pods = kw.pop("pods", None)
-    started = step(s, state, observe(start, window({}, pods), **kw))
+    started = step(s, state, observe(start, window(kw.pop("before", {}), pods), **kw))
     assert started.state.calibration.phase == "Exploring", started
     return step(s, started.state, observe(start + WINDOW, window(stats, pods), **kw)).state
 
@@ -163,15 +164,15 @@ def test_a_rollback_backs_off_a_verified_change_does_not() -> None:
     s = spec()
     verified = measured(s)  # Idle at T0 + 120 s
     assert verified.calibration.retryAfter is None
-    scaled = step(s, verified, observe(2 * WINDOW + 10, window(), replicas=3))
+    scaled = step(s, verified, observe(2 * WINDOW + 10, window(elsewhere()), replicas=3))
     assert scaled.state.calibration.trigger == "Replicas"
     state = step(s, fresh(s), observe(0, window(load=traffic(slo_met_share=0.95)))).state
     state = step(s, state, observe(30, window({H100: curve(12)}))).state
     worse = window({H100: curve(12)}, load=traffic(slo_met_share=0.7))
     rolled = step(s, state, observe(30 + WINDOW, worse)).state
     assert rolled.calibration.retryAfter is not None
-    assert step(s, rolled, observe(40 + WINDOW, window(), replicas=3)).state == rolled
-    retried = step(s, rolled, observe(30 + 2 * WINDOW, window(), replicas=3))
+    assert step(s, rolled, observe(40 + WINDOW, window(elsewhere()), replicas=3)).state == rolled
+    retried = step(s, rolled, observe(30 + 2 * WINDOW, window(elsewhere()), replicas=3))
     assert retried.state.calibration.trigger == "Replicas"
 
 
@@ -227,21 +228,60 @@ def test_a_move_that_pays_is_kept_while_the_batch_mix_moves() -> None:
     assert tokens_per_busy_second(after) < 0.5 * tokens_per_busy_second(before)
     verified = step(s, state, observe(30 + WINDOW, after))
     assert reasons(verified) == ["ThresholdVerified"]
-    assert "decode throughput on the same batch mix x1.12" in verified.events[0].message
+    assert "decode throughput on the same batch mix x1.25 where it flipped" in (
+        verified.events[0].message
+    )  # buckets 4-8 only: 12 and up ran plain before and after
     assert verified.state.threshold.current == 12
 
 
 def test_a_bad_estimate_is_rolled_back_on_decode_throughput() -> None:
-    """An estimate forced to 48 where speculation stops paying at 12: batches 12-47 now
+    """An estimate forced to 52 where speculation stops paying at 12: batches 12-51 now
     speculate and decode slower; rolled back though the SLO-met share held."""
     s = spec()
-    state = moved(s, window({H100: ran(12, 4, QUIET_MIX)}), curve(48))
-    assert state.threshold.current == 48
-    after = window({H100: ran(12, 48, BUSY_MIX)})
+    # what the calibration read: the truth where the threshold before it speculated (1, 2),
+    # speculation paying everywhere else (a bad read the goodput check must catch)
+    bad = curve(48, buckets=(4, 8, 16, 32, 64)) | curve(12, buckets=(1, 2))
+    state = moved(s, window({H100: ran(12, 4, QUIET_MIX)}), bad)
+    assert state.threshold.current == 52  # the crossover read between 32 and 64
+    after = window({H100: ran(12, 52, BUSY_MIX)})
     rolled = step(s, state, observe(30 + WINDOW, after))
     assert reasons(rolled) == ["RolledBack"]
     assert rolled.events[0].message.startswith("decode throughput on the same batch mix fell")
     assert rolled.state.threshold.current == 4
+
+
+def test_a_change_is_judged_where_the_load_before_the_calibration_never_ran() -> None:
+    """A load that rose past a bound (the demo's busy phase after its quiet one): the window
+    before the calibration holds batches 1-4 only, and 2.5x fewer requests. The buckets the
+    change flips were measured in the calibration's window, in the mode the old threshold ran
+    there: that is the rate the check compares with, so the change is judged, not left
+    without a verdict and rolled back three windows later."""
+    s = spec()
+    quiet = window({H100: ran(40, 4, {1: 300, 2: 300, 4: 200})})
+    state = moved(s, quiet, curve(40, buckets=(4, 8, 16, 32, 64)))
+    assert state.threshold.current == 44  # the crossover read between 32 and 64
+    busy = window({H100: ran(40, 44, {8: 100, 16: 300, 32: 300})}, load=traffic(rate=25.0))
+    verified = step(s, state, observe(30 + WINDOW, busy))
+    assert reasons(verified) == ["ThresholdVerified"], verified.events
+    assert "where it flipped" in verified.events[0].message
+
+
+def test_a_move_among_batches_the_traffic_does_not_make_is_verified() -> None:
+    """The demo's quiet phase: a few clients make batches of 1-2, where speculation pays, and
+    the start value 8 moves to 3, just past them. That flips buckets 3-6 only, where no batch
+    runs: every step runs the mode it ran before, so the first check keeps the move, though
+    too few requests came for the SLO-met share to judge (a clean-clone CI run rolled it back
+    three windows later when only flipped buckets with steps could keep a change)."""
+    s = spec(value=8)
+    few, load = {1: 300, 2: 300}, traffic(rate=0.5)
+    started = step(s, fresh(s), observe(0, window({H100: ran(40, 8, few)}, load=load))).state
+    state = step(s, started, observe(WINDOW, window({H100: curve(40, buckets=(1, 2))}))).state
+    assert state.threshold.current == 3 and state.calibration.phase == "Verifying"
+    after = window({H100: ran(40, 3, few)}, load=load)
+    verified = step(s, state, observe(2 * WINDOW, after))
+    assert reasons(verified) == ["ThresholdVerified"], verified.events
+    assert "no batch since ran in a bucket the change flipped" in verified.events[0].message
+    assert verified.state.threshold.current == 3
 
 
 def test_a_bound_waits_for_the_batch_range_to_settle_a_crossing_does_not() -> None:
@@ -366,7 +406,7 @@ def test_a_load_away_from_a_measured_crossover_keeps_it(buckets, asked) -> None:
     s = spec(minDwellSeconds=0)
     state = measured(s, crossover=20)
     assert (state.threshold.current, state.threshold.source) == (21, "Measured")
-    started = step(s, state, observe(3 * WINDOW, window({}), replicas=3))
+    started = step(s, state, observe(3 * WINDOW, window(elsewhere()), replicas=3))
     assert started.state.calibration.phase == "Exploring"
     one_side = window({H100: curve(20, buckets=buckets)}, load=traffic(rate=3.0))
     decided = step(s, started.state, observe(4 * WINDOW, one_side, replicas=3))
@@ -422,10 +462,10 @@ STEADY = (traffic(),) * 3
 @pytest.mark.parametrize(
     ("change", "kind", "words"),
     [
-        ({"replicas": 3}, "Replicas", "replicas changed from 2 to 3"),
+        ({"replicas": 3, "steps": elsewhere()}, "Replicas", "replicas changed from 2 to 3"),
         ({"pods": {"e-0": L4, "e-1": L4}}, "Sku", f"from {H100} to {L4}"),
         ({"spec": {"numSpeculativeTokens": 6}}, "Spec", "k 4 -> 6"),
-        ({"loads": (traffic(rate=20.0),) * 3}, "Traffic", "request rate"),
+        ({"loads": (traffic(rate=20.0),) * 3}, "Traffic", "request rate per engine"),
         ({"later": 3600}, "MaxAge", "maximum age"),
     ],
 )
@@ -442,7 +482,7 @@ def test_each_trigger_starts_a_calibration_that_names_it(change, kind, words) ->
         s2 = s2.model_copy(update={"speculation": s.speculation.model_copy(update=change["spec"])})
     obs = observe(
         at,
-        window(pods=change.get("pods")),
+        window(change.get("steps"), change.get("pods")),
         replicas=change.get("replicas", 2),
         recent=windows(*change.get("loads", STEADY), end=4 * WINDOW),
     )
@@ -450,6 +490,39 @@ def test_each_trigger_starts_a_calibration_that_names_it(change, kind, words) ->
     assert started.state.calibration.trigger == kind
     assert reasons(started) == ["CalibrationStarted"] and words in started.events[0].message
     assert autotune.calibrated(s2, started.state)[:2] == (True, "Recalibrating")
+
+
+def test_a_replica_change_re_measures_only_once_the_load_leaves_the_measured_batches() -> None:
+    """An HPA adds a replica as the load rises: each pod runs the batches the last calibration
+    measured (1-48 here), the curve there is known, nothing explores. Once most decode steps
+    run outside them (a scale-down doubling each pod's batch), it re-measures."""
+    s = spec()
+    state = measured(s)
+    assert state.calibration.baseline is not None
+    assert state.calibration.baseline.covered == {H100: [1, 48]}
+    inside = observe(4 * WINDOW, window({H100: curve(12, buckets=(8, 12, 16))}), replicas=3)
+    assert step(s, state, inside).state == state
+    some = {H100: curve(12, buckets=(8, 12, 16, 24)) | elsewhere()[H100]}  # 100 of 900 outside
+    assert step(s, state, observe(4 * WINDOW, window(some), replicas=3)).state == state
+    outside = step(s, state, observe(4 * WINDOW, window(elsewhere()), replicas=1))
+    assert outside.state.calibration.trigger == "Replicas"
+    assert outside.events[0].message.endswith(
+        f"replicas changed from 2 to 1, and 100% of decode steps on {H100} ran outside "
+        "batches 1-48, the range last measured"
+    )
+
+
+def test_a_replica_change_under_a_baseline_without_coverage_re_measures() -> None:
+    """Status written before coverage was recorded: any replica change re-measures, as then."""
+    s = spec()
+    state = measured(s)
+    assert state.calibration.baseline is not None
+    old = state.calibration.baseline.model_copy(update={"covered": None})
+    state = dataclasses.replace(
+        state, calibration=state.calibration.model_copy(update={"baseline": old})
+    )
+    scaled = step(s, state, observe(4 * WINDOW, window(), replicas=3))
+    assert scaled.state.calibration.trigger == "Replicas"
 
 
 def test_traffic_from_before_the_measurement_does_not_count_as_a_shift() -> None:
@@ -467,12 +540,17 @@ def test_traffic_from_before_the_measurement_does_not_count_as_a_shift() -> None
 def test_damping_holds_a_move_within_the_dwell_time_or_the_dead_band() -> None:
     s = spec()
     state = measured(s)  # changed to 12 at T0 + 30 s; the replica change re-triggers below
-    soon = calibrate(s, state, 3 * WINDOW, {H100: curve(32)}, replicas=3)
+    scaled = {"replicas": 3, "before": elsewhere()}
+    soon = calibrate(s, state, 3 * WINDOW, {H100: curve(32)}, **scaled)
     assert soon.threshold.current == 12  # 3.5 minutes after the change: the dwell holds it
     assert soon.calibration.phase == "Idle" and soon.crossover.batchSize == 32
-    near = calibrate(s, state, 400, {H100: curve(16)}, replicas=3)
+    near = calibrate(s, state, 400, {H100: curve(16, steps=20)}, **scaled)
     assert near.threshold.current == 12  # 16 is one bucket up: within the dead band
-    far = calibrate(s, state, 400, {H100: curve(32)}, replicas=3)
+    # ... unless the bucket it flips gains beyond its noise: bucket 12's 9% over 100 steps a
+    # mode is three standard errors (10% a step) from 1; over 20 steps it is not
+    clear = calibrate(s, state, 400, {H100: curve(16, steps=100)}, **scaled)
+    assert clear.threshold.current == 16
+    far = calibrate(s, state, 400, {H100: curve(32)}, **scaled)
     assert far.threshold.current == 32 and far.calibration.phase == "Verifying"
 
     # a one-bucket move that turns speculation on where it was measured to pay by far is made

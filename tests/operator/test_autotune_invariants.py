@@ -10,12 +10,24 @@ from datetime import timedelta
 from spectune.engine.crossover import ModeStats
 from spectune.operator import autotune
 from spectune.operator.autotune import State, engine_settings, step, window_seconds
-from spectune.operator.models import SkuThreshold, ThresholdStatus
+from spectune.operator.models import CalibrationStatus, SkuThreshold, ThresholdStatus
 from spectune.operator.observations import served
 from spectune.operator.status import threshold_status
 from spectune.operator.verification import same_mix_speedup
 
-from .machine import H100, L4, T0, WINDOW, curve, fresh, observe, spec, traffic, window
+from .machine import (
+    H100,
+    L4,
+    T0,
+    WINDOW,
+    curve,
+    elsewhere,
+    fresh,
+    observe,
+    spec,
+    traffic,
+    window,
+)
 
 
 def reasons(result: autotune.Step) -> list[str]:
@@ -106,6 +118,10 @@ def test_a_calibration_that_sees_one_sku_keeps_the_others_threshold() -> None:
     again = step(s, again, observe(later + 30, window({H100: curve(48)}, h100_only), 1)).state
     assert {p.sku: p.threshold for p in again.per_sku} == {H100: 48, L4: 32}
     assert engine_settings(s, again, L4)[0] == 32
+    # the ConfigMap (which every engine reloads) carries the SKU the pods run on now, not the
+    # one a pod ran on when it was measured (a tie in pods once went to the larger name)
+    assert {p.sku: p.pods for p in again.per_sku} == {H100: 1, L4: 0}
+    assert again.threshold.current == 48
 
 
 # 5. A spec change mid-calibration never ends in a baseline recording the new spec.
@@ -181,7 +197,7 @@ def test_a_rollback_to_the_spec_value_gives_the_spec_its_value_back() -> None:
 def test_a_bucket_with_no_tokens_before_is_skipped_not_divided_by() -> None:
     before = {H100: {8: ModeStats(100, 0, 1.0), 16: ModeStats(100, 1600, 1.0)}}
     after = {H100: {8: ModeStats(100, 800, 1.0), 16: ModeStats(100, 1600, 1.0)}}
-    mix = same_mix_speedup(before, after)
+    mix = same_mix_speedup(before, after, lambda sku, bucket: True)
     assert mix is not None and mix.speedup == 1.0 and mix.covered == 0.5
 
 
@@ -206,10 +222,11 @@ def test_the_before_window_starts_after_the_last_calibration_ended() -> None:
     assert kept.calibration.phase == "Idle"
     assert window_seconds(s, kept.calibration, ended + timedelta(seconds=25)) == 25
     assert window_seconds(s, kept.calibration, ended + timedelta(seconds=500)) == WINDOW
-    soon = observe(30 + WINDOW + 5, window(), replicas=3)
+    on_l4 = {"e-0": L4, "e-1": L4}
+    soon = observe(30 + WINDOW + 5, window(pods=on_l4))
     assert step(s, kept, soon).state == kept  # 5 s of calm: too short a "before" to start
-    later = step(s, kept, observe(30 + WINDOW + 15, window(), replicas=3))
-    assert later.state.calibration.trigger == "Replicas"
+    later = step(s, kept, observe(30 + WINDOW + 15, window(pods=on_l4)))
+    assert later.state.calibration.trigger == "Sku"
 
 
 def test_a_rollback_keeps_its_own_per_sku_thresholds_measured() -> None:
@@ -217,7 +234,7 @@ def test_a_rollback_keeps_its_own_per_sku_thresholds_measured() -> None:
     state = verifying(s, crossover=12)
     kept = step(s, state, observe(30 + WINDOW, window({H100: curve(12)}))).state
     assert kept.threshold.source == "Measured"
-    moved = step(s, kept, observe(1000, window(), replicas=3)).state
+    moved = step(s, kept, observe(1000, window(elsewhere()), replicas=3)).state
     moved = step(s, moved, observe(1030, window({H100: curve(48)}), replicas=3)).state
     assert moved.threshold.current == 48
     worse = window({H100: curve(12)}, load=traffic(slo_met_share=0.7))
@@ -237,7 +254,7 @@ def test_a_measured_threshold_outside_a_narrowed_range_moves_into_it() -> None:
     assert state.threshold.current == 12 and state.calibration.phase == "Idle"
     t = s.speculation.threshold.model_copy(update={"max": 4})
     narrow = s.model_copy(update={"speculation": s.speculation.model_copy(update={"threshold": t})})
-    again = step(narrow, state, observe(1000, window(), replicas=3)).state
+    again = step(narrow, state, observe(1000, window(elsewhere()), replicas=3)).state
     moved = step(narrow, again, observe(1000 + WINDOW, window(pays), replicas=3))
     assert moved.state.threshold.current == 4, moved.events
 
@@ -256,3 +273,19 @@ def test_no_calibration_starts_until_the_last_ready_pod_served_half_a_window() -
     # the window it read (and keeps as "before") starts where the last pod became ready
     assert window_seconds(s, cal.model_copy(update={"phase": "Idle"}), T0 + timedelta(
         seconds=100 + WINDOW / 2), ready) == WINDOW / 2  # fmt: skip
+
+
+# 11. The minimum window follows the scrape interval observed.
+
+
+def test_the_shortest_window_is_two_scrapes() -> None:
+    s = spec()
+    exploring = CalibrationStatus(phase="Exploring", startedAt=T0.isoformat())
+    two_seconds_in = T0 + timedelta(seconds=2)
+    assert window_seconds(s, exploring, two_seconds_in) == autotune.MIN_WINDOW_SECONDS
+    assert window_seconds(s, exploring, two_seconds_in, interval=30.0) == 60
+    # a calibration 45 s in at a 30 s interval has not yet two scrapes: it goes on exploring
+    long = spec(calibrationWindowSeconds=240)  # 8 scrapes at 30 s
+    state = step(long, fresh(long), observe(0, window(interval=30.0))).state
+    early = step(long, state, observe(45, window({H100: curve(12)}, interval=30.0)))
+    assert early.state.calibration.phase == "Exploring" and early.events == ()

@@ -10,7 +10,13 @@ import random
 import pytest
 
 from spectune.engine.contract import BATCH_BUCKETS
-from spectune.engine.crossover import Crossover, ModeStats, StatsByBucket, bucket_distance
+from spectune.engine.crossover import (
+    Crossover,
+    ModeStats,
+    SpeedupPoint,
+    StatsByBucket,
+    bucket_distance,
+)
 from spectune.engine.device_time import (
     LLAMA_1B,
     LLAMA_8B,
@@ -24,6 +30,7 @@ from spectune.engine.device_time import (
 from spectune.operator.estimator import (
     CONFIDENT_STEPS,
     MIN_STEPS,
+    clearly_not_one,
     estimate,
     estimate_by_sku,
     undersampled,
@@ -206,3 +213,16 @@ def test_a_speedup_of_exactly_one_is_where_it_crosses() -> None:
     est = estimate("H100", stats)
     assert est.crossover.batch == pytest.approx(6.0)
     assert est.reason == "crossover at batch 6.0: speedup 1.50 at batch 4, 1.00 at 6"
+
+
+def test_a_speedup_is_clear_beyond_its_noise_and_the_floor() -> None:
+    """7% over 20 steps a mode is 2 standard errors (10% a step) from 1: noise; over 200, 6.
+    3% is under the 5% floor however many steps measured it."""
+
+    def point(speedup: float, steps: int) -> SpeedupPoint:
+        plain = ModeStats(steps, steps * 50, steps * 0.05)
+        return SpeedupPoint(50, plain, ModeStats(steps, round(steps * 50 * speedup), steps * 0.05))
+
+    assert not clearly_not_one(point(1.07, 20))
+    assert clearly_not_one(point(1.07, 200)) and clearly_not_one(point(0.93, 200))
+    assert not clearly_not_one(point(1.03, 100_000))

@@ -90,6 +90,28 @@ def test_one_read_evaluates_every_query_at_one_instant() -> None:
     assert set(client.times[1:]) == {1000.0}
 
 
+def test_the_scrape_interval_is_read_from_the_samples_and_stretches_staleness() -> None:
+    """At the 30 s interval most clusters scrape at, a 30 s staleness would drop engines
+    between two scrapes and a 15 s warm-up would count a counter with one sample."""
+    series = [
+        {"metric": {"pod": "e-0"}, "values": [[900.0, "1"], [930.0, "1"], [960.0, "1"]]},
+        {"metric": {"pod": "e-1"}, "values": [[905.0, "1"], [935.0, "1"]]},
+    ]
+    reader = PrometheusReader("http://unused", client=Recorded(series))
+    assert reader.scrape_interval(Selector("ns", "sd"), 1000.0) == 30.0
+    assert reader.client.times == [1000.0]
+    assert (
+        PrometheusReader("http://unused", client=Recorded([])).scrape_interval(Selector("ns", "sd"))
+        is None
+    )
+    info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "955.0"]}  # 45 s old
+    client = Recorded([info])
+    reader = PrometheusReader("http://unused", client=client)
+    assert "e-0" in reader.engines(Selector("ns", "sd"), 1000.0, interval=30.0)
+    assert client.queries[-1].endswith("offset 60000ms")  # two scrapes back
+    assert "e-0" not in reader.engines(Selector("ns", "sd"), 1000.0)  # 30 s staleness
+
+
 def test_prometheus_down_is_an_error_not_unknown() -> None:
     with socket.socket() as s:  # a loopback port that nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -254,14 +276,25 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
     assert again is not None and again == pytest.approx(float(real[0]["value"][1]), rel=0.05)
 
 
+class Later(PrometheusReader):
+    """A reader that asks its questions `ahead` seconds after Prometheus's now."""
+
+    def __init__(self, url: str, ahead: float, warm_up_seconds: float) -> None:
+        super().__init__(url, warm_up_seconds=warm_up_seconds)
+        self.ahead = ahead
+
+    def now(self) -> float:
+        return super().now() + self.ahead
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize(
-    "instance, labels, stale_after, warm_up",
+    "instance, labels, ahead, warm_up",
     [
-        ("another-instance", LabelNames(), 30.0, 15.0),  # nothing matches
-        (INSTANCE, LabelNames(instance="app"), 30.0, 15.0),  # a label name this setup lacks
-        (INSTANCE, LabelNames(), -1.0, 15.0),  # every series counts as stale
-        (INSTANCE, LabelNames(), 30.0, 86400.0),  # every engine counts as just started
+        ("another-instance", LabelNames(), 0.0, 15.0),  # nothing matches
+        (INSTANCE, LabelNames(instance="app"), 0.0, 15.0),  # a label name this setup lacks
+        (INSTANCE, LabelNames(), 100.0, 15.0),  # every series is 100 s old: stale
+        (INSTANCE, LabelNames(), 0.0, 86400.0),  # every engine counts as just started
     ],
 )
 def test_missing_stale_or_cold_data_is_unknown_not_zero(
@@ -269,7 +302,7 @@ def test_missing_stale_or_cold_data_is_unknown_not_zero(
     engine_pod: Any,
     instance: str,
     labels: LabelNames,
-    stale_after: float,
+    ahead: float,
     warm_up: float,
 ) -> None:
     ns = engine_pod.metadata.namespace
@@ -278,9 +311,7 @@ def test_missing_stale_or_cold_data_is_unknown_not_zero(
         lambda: PrometheusReader(cluster.prometheus_url).engines(Selector(ns, INSTANCE)),
         timeout=60,
     )
-    reader = PrometheusReader(
-        cluster.prometheus_url, stale_after_seconds=stale_after, warm_up_seconds=warm_up
-    )
+    reader = Later(cluster.prometheus_url, ahead, warm_up)
     window = reader.read(Selector(ns, instance, labels), WINDOW)
     assert window.engines == {} and window.steps == {} and window.skus == frozenset()
     assert window.traffic == Traffic(seconds=WINDOW)

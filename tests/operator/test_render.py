@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from spectune.engine.serving.settings import ServeSettings
-from spectune.operator import render
+from spectune.operator import autotune, render
 from spectune.operator.models import SpecDeploymentSpec, parse_spec
 
 SPEC = parse_spec(
@@ -118,6 +118,14 @@ def test_service_and_pod_monitor_select_the_engine_pods() -> None:
     assert render.selector_string("llm") == (
         "app.kubernetes.io/name=spectune-engine,app.kubernetes.io/instance=llm"
     )
+
+
+def test_the_pod_monitors_interval_gives_the_default_window_its_scrapes() -> None:
+    (endpoint,) = render.pod_monitor("llm", "ns")["spec"]["podMetricsEndpoints"]
+    interval = float(endpoint["interval"].removesuffix("s"))
+    default = parse_spec({"model": {"name": "tiny-target"}})
+    assert autotune.window_too_short(default, interval) is None
+    assert autotune.window_too_short(default, 2 * interval) is not None
 
 
 def test_pod_annotations_reach_the_pod_template_and_cannot_override_ours() -> None:

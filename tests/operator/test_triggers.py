@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.models import parse_spec
 from spectune.operator.observations import Traffic
 from spectune.operator.triggers import (
@@ -25,11 +26,16 @@ WINDOW = 60.0
 
 
 def traffic(
-    rate: float = 10.0, tokens: float = 100.0, acceptance: float = 0.6, prompt: float = 64.0
+    rate: float = 10.0,
+    tokens: float = 100.0,
+    acceptance: float = 0.6,
+    prompt: float = 64.0,
+    engines: float = 1.0,
 ) -> Traffic:
     requests = rate * WINDOW
     return Traffic(
         seconds=WINDOW,
+        engines=engines,
         requests=requests,
         ok_requests=requests,
         prompt_tokens=requests * prompt,
@@ -39,11 +45,29 @@ def traffic(
     )
 
 
-def test_replicas() -> None:
-    assert replicas_changed(2, 2) is None
-    reason = replicas_changed(2, 3)
+def steps_at(*buckets: int, n: int = 100) -> dict[str, StatsByBucket]:
+    return {H100: {("plain", b): ModeStats(n, n * b, 0.01 * n) for b in buckets}}
+
+
+def test_replicas_re_measure_only_where_the_load_leaves_the_measured_batches() -> None:
+    covered = {H100: [8, 32]}
+    assert replicas_changed(2, 2, covered, steps_at(64)) is None
+    assert replicas_changed(2, 3, covered, steps_at(8, 12, 16)) is None  # the HPA's case
+    assert replicas_changed(2, 3, covered, steps_at(4, 8, 12)) is None  # 1 in 3 outside
+    assert replicas_changed(2, 1, covered, steps_at(64, n=10)) is None  # too few steps
+    assert replicas_changed(2, 1, covered, {}) is None  # nothing read yet after the change
+    reason = replicas_changed(2, 1, covered, steps_at(32, 48, 64))
     assert reason is not None and reason.kind == "Replicas"
-    assert reason.message == "replicas changed from 2 to 3"
+    assert reason.message == (
+        f"replicas changed from 2 to 1, and 67% of decode steps on {H100} ran outside batches "
+        "8-32, the range last measured"
+    )
+    below = replicas_changed(2, 4, {H100: [8, 8]}, steps_at(2, 3, 4))
+    assert below is not None and f"100% of decode steps on {H100} ran outside batch 8," in (
+        below.message
+    )
+    old = replicas_changed(2, 3)  # a baseline from before coverage: any change
+    assert old is not None and old.message == "replicas changed from 2 to 3"
 
 
 def test_skus_name_both_sets_and_an_unknown_set_is_no_change() -> None:
@@ -103,8 +127,9 @@ def test_noise_within_the_percent_never_fires() -> None:
 @pytest.mark.parametrize(
     "shifted, signal",
     [
-        (traffic(rate=14), "request rate"),
-        (traffic(rate=6), "request rate"),
+        (traffic(rate=14), "request rate per engine"),
+        (traffic(rate=6), "request rate per engine"),
+        (traffic(engines=2), "request rate per engine"),
         (traffic(tokens=200), "output tokens per request"),
         (traffic(prompt=512), "prompt tokens per request"),
         (traffic(acceptance=0.3), "acceptance rate"),
@@ -125,9 +150,17 @@ def test_every_signal_that_moved_is_named() -> None:
     base, longer = traffic(), traffic(rate=5, prompt=512)
     reason = traffic_shifted(base, [longer] * 3, percent=30)
     assert reason is not None
-    assert reason.message.startswith("request rate moved by at least -50% (10 -> 5); ")
+    assert reason.message.startswith("request rate per engine moved by at least -50% (10 -> 5); ")
     assert "prompt tokens per request moved by at least +700% (64 -> 512) over 3" in reason.message
     assert "acceptance" not in reason.message and "output" not in reason.message
+
+
+def test_a_load_rise_that_replicas_absorb_is_no_shift() -> None:
+    """An HPA doubles the replicas as the load doubles: what each engine serves, and so its
+    batches and the crossover, did not move."""
+    base, absorbed = traffic(rate=10, engines=2), traffic(rate=20, engines=4)
+    assert traffic_shifted(base, [absorbed] * 3, percent=30) is None
+    assert traffic_shifted(base, [traffic(rate=20, engines=2)] * 3, percent=30) is not None
 
 
 def test_a_spike_or_a_shift_that_flips_direction_does_not_fire() -> None:

@@ -153,3 +153,22 @@ def test_a_turn_reads_since_the_last_pod_became_ready_and_a_read_error_is_an_obs
 
     failed = observe_turn(s, fresh(s), pods, T0, down, (), "{}")
     assert failed.window is None and failed.error == "connection refused"
+
+
+def test_a_window_holding_too_few_scrapes_is_refused_with_the_reason() -> None:
+    """The 30 s scrape interval most clusters use and a 60 s calibration window: two scrapes
+    a window, too few to compare two modes per bucket; nothing explores, the condition says
+    how long the window must be."""
+    s = spec()  # calibrationWindowSeconds 60
+    slow = window(interval=30.0)
+    t = tune("llm", s, {}, 1, PODS, ROLLOUT, observe(0, slow), {}, LEASE)
+    assert t.state.calibration.phase == "Idle" and all(e.lease is None for e in t.engines)
+    c = metrics_condition(t)
+    assert (c["status"], c["reason"]) == ("False", "CalibrationWindowTooShort")
+    assert "holds 2.0 scrapes at the 30 s scrape interval" in c["message"]
+    assert "240 s or more" in c["message"]
+    assert [e.reason for e in t.events] == ["CalibrationWindowTooShort"]
+    longer = spec(calibrationWindowSeconds=240)
+    ok = tune("llm", longer, t.status, 2, PODS, ROLLOUT, observe(10, slow), {}, LEASE)
+    assert [e.reason for e in ok.events] == ["CalibrationStarted"]
+    assert metrics_condition(ok)["status"] == "True"

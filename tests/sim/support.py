@@ -1,5 +1,5 @@
 """The scenario the simulator tests start from: one simulated A100 pod, a draft model with
-k=4, 0.7 acceptance per drafted token, 60 s calibration windows and no dwell."""
+k=4, 0.7 acceptance per drafted token, 60 s calibration windows, 5 s scrapes and no dwell."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ BASE: dict[str, Any] = {
         "slo": {"ttftMilliseconds": 2000, "tpotMilliseconds": 100},
         "tuning": {"calibrationWindowSeconds": 60, "minDwellSeconds": 0},
     },
+    "operator": {"scrape_interval_s": 5},  # 12 scrapes a window: the operator needs 8
     "policies": ["auto"],
     "window_s": 60,
 }

@@ -80,5 +80,24 @@ def test_a_load_fall_is_named_and_the_crossover_measured_busy_stands() -> None:
     after = [c for c in r.calibrations if c.started_s > 200]
     assert after and after[0].trigger == "Traffic" and after[0].outcome == "ThresholdKept"
     named = next(e for e in r.events if e.reason == "CalibrationStarted" and e.at_s > 200)
-    assert "request rate moved" in named.message
+    assert "request rate per engine moved" in named.message
     assert len(changes(r)) == 1  # the busy measurement's threshold only
+
+
+def test_an_hpa_that_keeps_each_pods_load_starts_no_replica_calibration() -> None:
+    """Load waves (x1.8, x0.6, x1.5) and an HPA on running requests moving 2-6 pods: each pod's
+    batches stay within those measured, so no replica change re-measures. Before the replica
+    rule this run started eight `Replicas` calibrations and explored 20% of its iterations."""
+    r = run(
+        traffic=TRAFFIC | {"rate": 24, "prompt_tokens": 128, "duration_s": 900},
+        fleet={"pools": [{"sku": "A100", "replicas": 2}], "startup_s": 20, "kv_cache_gib": 60},
+        autoscaler={"metric": "running", "target": 16, "min": 1, "max": 8, "period_s": 15,
+                    "stabilization_s": 60},
+        events=[{"kind": "load", "at_s": 300, "scale": 1.8},
+                {"kind": "load", "at_s": 500, "scale": 0.6},
+                {"kind": "load", "at_s": 700, "scale": 1.5}],
+    )  # fmt: skip
+    pods = [w.pods for w in r.windows]
+    assert max(pods) - min(pods) >= 2, pods  # the HPA did scale, both ways
+    assert [c.trigger for c in r.calibrations if c.trigger == "Replicas"] == []
+    assert r.explored_share < 0.1

@@ -45,14 +45,15 @@ def test_auto_measures_a_threshold_and_verifies_it() -> None:
 
 
 def test_the_crossover_measured_on_live_traffic_is_the_device_models() -> None:
-    """Prompts x4 at 60% of the load half way: the operator re-measures (a traffic trigger) and
-    both crossovers it commits lie within 10% of the roofline's with the draft's prefill spread
-    over each request. The prefill outweighs the longer contexts' extra KV reads here, so the
-    crossover falls (64 -> 256 prompt tokens: 65 -> 62 in the model)."""
+    """Prompts x4 at 70% of the load half way, batches either side of the new crossover (at
+    80% every batch is past it and the measurement is one-sided): the operator re-measures (a
+    traffic trigger) and both crossovers it commits lie within 10% of the roofline's with the
+    draft's prefill spread over each request. The prefill outweighs the longer contexts' extra
+    KV reads here, so the crossover falls (64 -> 256 prompt tokens: 65 -> 62 in the model)."""
     sc = scenario(
         traffic={"rate": 28, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 450},
         events=[{"kind": "context", "at_s": 200, "scale": 4}, {"kind": "load", "at_s": 200,
-                                                             "scale": 0.6}],
+                                                             "scale": 0.7}],
     )  # fmt: skip
     run = only(simulate(sc).runs, "auto")
     after = [c for c in run.calibrations if c.started_s > 200]
