@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 import zlib
@@ -11,9 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from spectune.operator.prometheus import LabelNames
+    from spectune.operator.render import PodMonitorSettings
 
 # The target labels naming an engine's namespace, pod and SpecDeployment (LabelNames' fields).
 LABELS = ("namespace", "pod", "instance")
+# A Kubernetes label (an optional DNS-subdomain prefix, a name of up to 63 characters) and a
+# Prometheus duration, as the PodMonitor schema takes them.
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
+LABEL_VALUE = re.compile(rf"({_NAME})?")
+DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +76,23 @@ def main(argv: list[str] | None = None) -> int:
         "chart's monitoring.podMonitor: engines would be scraped twice)",
     )
     run.add_argument(
+        "--pod-monitor-label",
+        dest="pod_monitor_labels",
+        action="append",
+        type=_label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label on each PodMonitor the operator makes, one a Prometheus selects them by "
+        "(kube-prometheus-stack: release=<its release name>); repeatable",
+    )
+    run.add_argument(
+        "--pod-monitor-interval",
+        type=_duration,
+        default="15s",
+        help="the scrape interval those PodMonitors ask for (default: 15s, which gives the "
+        "default 120 s calibration window the 8 scrapes it needs)",
+    )
+    run.add_argument(
         "--exploration-lease",
         type=_positive_seconds,
         default=60.0,
@@ -97,6 +122,19 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
+def _label(value: str) -> tuple[str, str]:
+    key, eq, label = value.partition("=")
+    if not eq or not LABEL_KEY.fullmatch(key) or not LABEL_VALUE.fullmatch(label):
+        raise argparse.ArgumentTypeError(f"not a Kubernetes label KEY=VALUE: {value!r}")
+    return key, label
+
+
+def _duration(value: str) -> str:
+    if not DURATION.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"not a Prometheus duration such as 15s or 1m: {value!r}")
+    return value
+
+
 def _priority(value: str) -> int:
     """An integer, or `auto`: a stable hash of the host name (a pod's name) in [1, 2**30], so
     replicas of one Deployment get distinct priorities (kopf lets equal ones both act)."""
@@ -111,6 +149,15 @@ def label_names(args: argparse.Namespace) -> LabelNames:
 
     given = {t: getattr(args, f"{t}_label") for t in LABELS}
     return LabelNames(**{t: name for t, name in given.items() if name})
+
+
+def pod_monitor_settings(args: argparse.Namespace) -> PodMonitorSettings | None:
+    """What the PodMonitor per SpecDeployment carries; None: make none."""
+    from spectune.operator.render import PodMonitorSettings
+
+    if not args.engine_pod_monitors:
+        return None
+    return PodMonitorSettings(args.pod_monitor_interval, dict(args.pod_monitor_labels))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -158,7 +205,7 @@ def _run(args: argparse.Namespace) -> int:
         memo=kopf.Memo(
             prometheus_url=args.prometheus_url,
             prometheus_labels=labels,
-            engine_pod_monitors=args.engine_pod_monitors,
+            pod_monitors=pod_monitor_settings(args),
             exploration_lease=args.exploration_lease,
         ),
     )

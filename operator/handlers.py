@@ -57,15 +57,21 @@ log = logging.getLogger(__name__)
 
 
 def children(
-    name: str, namespace: str, spec: SpecDeploymentSpec, config: dict, pod_monitor: bool = True
+    name: str,
+    namespace: str,
+    spec: SpecDeploymentSpec,
+    config: dict,
+    pod_monitor: render.PodMonitorSettings | None = render.DEFAULT_POD_MONITOR,
 ) -> list[dict]:
+    """The objects a SpecDeployment owns; a PodMonitor unless `pod_monitor` is None (one for
+    every engine exists: engines would be scraped twice) or the cluster has no such kind."""
     objs = [
         render.config_map(name, namespace, config),
         render.deployment(name, namespace, spec, config),
         render.service(name, namespace, spec),
     ]
     if pod_monitor and kube.api_available("monitoring.coreos.com/v1", "PodMonitor"):
-        objs.append(render.pod_monitor(name, namespace))
+        objs.append(render.pod_monitor(name, namespace, pod_monitor))
     return objs
 
 
@@ -181,7 +187,7 @@ def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
     for event in result.events:
         post = kopf.warn if event.warning else kopf.info
         post(body, reason=event.reason, message=event.message)
-    pod_monitor = memo.get("engine_pod_monitors", True)
+    pod_monitor = memo.get("pod_monitors", render.DEFAULT_POD_MONITOR)
     for child in children(name, namespace, desired, result.config, pod_monitor=pod_monitor):
         _apply_child(body, child)
     push(name, namespace, result.engines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -29,10 +30,13 @@ CONFIG_HASH_ANNOTATION = "spectune.io/start-config-hash"
 RELOADED_SPECULATION = frozenset({"threshold", "hysteresis", "exploration", "lease"})
 
 
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+
+
 def labels(name: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": ENGINE_LABEL,
-        "app.kubernetes.io/instance": name,
+        INSTANCE_LABEL: name,
         "app.kubernetes.io/managed-by": "spectune-operator",
     }
 
@@ -216,15 +220,39 @@ def service(name: str, namespace: str, spec: SpecDeploymentSpec) -> dict[str, An
     }
 
 
-def pod_monitor(name: str, namespace: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PodMonitorSettings:
+    """What the operator's PodMonitors carry besides the selector: the scrape interval (15 s:
+    the default 120 s calibration window then holds the 8 scrapes the operator asks of it;
+    Prometheus's usual 30 s would give 4) and the labels a Prometheus selects PodMonitors by
+    (kube-prometheus-stack's: `release: <its release>`; without them it scrapes nothing)."""
+
+    interval: str = "15s"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+DEFAULT_POD_MONITOR = PodMonitorSettings()
+
+
+def pod_monitor(
+    name: str, namespace: str, settings: PodMonitorSettings = DEFAULT_POD_MONITOR
+) -> dict[str, Any]:
+    """One scrape of every engine of the SpecDeployment. The pod's instance label becomes a
+    target label (`app_kubernetes_io_instance`): the operator's queries select by it, and the
+    Prometheus Operator adds only namespace, pod, container and job by itself."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**settings.labels, **labels(name)},
+        },
         "spec": {
             "selector": {"matchLabels": selector(name)},
-            # 15 s: the default 120 s calibration window then holds the 8 scrapes the
-            # operator asks of it (Prometheus's usual default, 30 s, would hold 4)
-            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            "podTargetLabels": [INSTANCE_LABEL],
+            "podMetricsEndpoints": [
+                {"port": "http", "path": "/metrics", "interval": settings.interval}
+            ],
         },
     }

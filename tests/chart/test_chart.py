@@ -133,6 +133,7 @@ def test_deployment_args_probes_and_security() -> None:
         "--metrics-address=0.0.0.0:9101",
         "--prometheus-url=http://prometheus-operated.monitoring.svc:9090",
         "--log-level=INFO",
+        "--pod-monitor-interval=15s",
     ]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"health": 8080, "metrics": 9101}
@@ -188,6 +189,30 @@ def test_monitoring_objects_follow_their_values() -> None:
     assert json.loads(dashboard["data"]["spectune.json"]) == json.loads(
         (CHART / "files" / "dashboards" / "spectune.json").read_text()
     )
+
+
+def test_the_operators_pod_monitors_get_the_labels_a_prometheus_selects_by(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kube-prometheus-stack selects PodMonitors by `release`: with the chart's own PodMonitor
+    off, its `labels` and `interval` reach the operator's PodMonitors through the run flags,
+    which the operator's own parser takes."""
+    from spectune.operator import cli
+    from spectune.operator.render import pod_monitor
+
+    out = helm(*_template("--set", "monitoring.podMonitor.labels.release=kps",
+                          "--set", "monitoring.podMonitor.interval=30s")).stdout  # fmt: skip
+    args = _container([d for d in yaml.safe_load_all(out) if d])["args"]
+    assert "--pod-monitor-label=release=kps" in args and "--pod-monitor-interval=30s" in args
+    seen = []
+    monkeypatch.setattr(cli, "_run", lambda parsed: seen.append(cli.pod_monitor_settings(parsed)))
+    cli.main(["run", *(a for a in args if a.startswith("--pod-monitor-"))])
+    (settings,) = seen
+    assert settings is not None
+    monitor = pod_monitor("llm", "ns", settings)
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["podMetricsEndpoints"][0]["interval"] == "30s"
+    assert not [a for a in _container(render())["args"] if a.startswith("--pod-monitor-label")]
 
 
 @pytest.mark.parametrize("name", sorted(INVALID_FIELDS))

@@ -60,3 +60,31 @@ def test_no_engine_pod_monitors_is_a_run_flag(monkeypatch: pytest.MonkeyPatch) -
     cli.main(["run", "--no-engine-pod-monitors"])
     cli.main(["run"])
     assert seen == [False, True]
+
+
+def test_pod_monitor_flags_are_checked_and_reach_the_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spectune.operator import cli
+    from spectune.operator.render import PodMonitorSettings
+
+    seen: list[PodMonitorSettings | None] = []
+    monkeypatch.setattr(cli, "_run", lambda args: seen.append(cli.pod_monitor_settings(args)))
+    cli.main(["run", "--pod-monitor-label", "release=kps", "--pod-monitor-label",
+              "example.com/team=", "--pod-monitor-interval", "1m30s"])  # fmt: skip
+    cli.main(["run"])
+    cli.main(["run", "--no-engine-pod-monitors", "--pod-monitor-label", "release=kps"])
+    assert seen == [
+        PodMonitorSettings("1m30s", {"release": "kps", "example.com/team": ""}),
+        PodMonitorSettings("15s", {}),
+        None,
+    ]
+    for bad, says in (
+        (["--pod-monitor-label", "release"], "not a Kubernetes label KEY=VALUE: 'release'"),
+        (["--pod-monitor-label", "re lease=x"], "not a Kubernetes label"),
+        (["--pod-monitor-interval", "30"], "not a Prometheus duration such as 15s or 1m: '30'"),
+    ):
+        with pytest.raises(SystemExit) as exit:
+            cli.main(["run", *bad])
+        assert exit.value.code == 2
+        assert says in capsys.readouterr().err

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
 from spectune.engine.serving.settings import ServeSettings
 from spectune.operator import autotune, render
 from spectune.operator.models import SpecDeploymentSpec, parse_spec
+from spectune.operator.prometheus import LabelNames
 
 SPEC = parse_spec(
     {
@@ -115,6 +118,10 @@ def test_service_and_pod_monitor_select_the_engine_pods() -> None:
     assert render.service("llm", "ns", SPEC)["spec"]["selector"] == render.selector("llm")
     monitor = render.pod_monitor("llm", "ns")
     assert monitor["spec"]["selector"]["matchLabels"] == render.selector("llm")
+    # the Prometheus Operator gives namespace and pod only; the reader selects by instance too
+    (target_label,) = monitor["spec"]["podTargetLabels"]
+    sanitized = re.sub(r"[^a-zA-Z0-9_]", "_", target_label)  # as Prometheus names it
+    assert sanitized == LabelNames().instance and target_label in render.selector("llm")
     assert render.selector_string("llm") == (
         "app.kubernetes.io/name=spectune-engine,app.kubernetes.io/instance=llm"
     )
@@ -150,10 +157,19 @@ def test_pod_annotations_reach_the_pod_template_and_cannot_override_ours() -> No
     assert annotations[render.CONFIG_HASH_ANNOTATION] == render.start_config_hash(config)
 
 
+def test_the_pod_monitor_carries_the_labels_a_prometheus_selects_by_not_over_ours() -> None:
+    settings = render.PodMonitorSettings(
+        "30s", {"release": "kps", "app.kubernetes.io/instance": "other"}
+    )
+    monitor = render.pod_monitor("llm", "ns", settings)
+    assert monitor["metadata"]["labels"] == {"release": "kps", **render.labels("llm")}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["interval"] == "30s"
+
+
 def test_no_engine_pod_monitors_leaves_the_pod_monitor_out() -> None:
     """The chart's PodMonitor covers every engine; one per SpecDeployment would scrape twice."""
     from spectune.operator import handlers
 
     config = render.engine_config(SPEC, 12, 2)
-    objs = handlers.children("llm", "ns", SPEC, config, pod_monitor=False)
+    objs = handlers.children("llm", "ns", SPEC, config, pod_monitor=None)
     assert [o["kind"] for o in objs] == ["ConfigMap", "Deployment", "Service"]
