@@ -290,6 +290,8 @@ def main() -> None:
         say("\n" + "\n".join(result.lines()))
         cluster.remove(demo.name)  # its engines stop; the cluster stays up for the next run
         say(f"\nreport: {paths[0]}  ({demo.timeline.total_seconds / 60:.1f} min in all)")
+        if not result.ok:
+            sys.exit("make demo: the run did not tell the story (verdict FAILED, above)")
     except KeyboardInterrupt:
         interrupted = True
         say("\ninterrupted: stopping the load, the operator and the cluster")
