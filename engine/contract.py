@@ -64,6 +64,31 @@ ALL_METRICS = (
     ENGINE_INFO, SIMULATED_OVERRUNS,
 )  # fmt: skip
 
+# Each metric's own labels: what the engine sets (a histogram's _bucket series add `le`;
+# spectune_engine_info's are its identity). Prometheus adds the target's (job, instance,
+# namespace, pod, ...), so a pod that two jobs scrape (annotation discovery and a PodMonitor)
+# has every series twice; a reader that keys a pod's series by these alone counts it once.
+METRIC_LABELS: dict[str, tuple[str, ...]] = {
+    REQUESTS: ("outcome",),
+    STEP_SECONDS: ("mode", "batch"),
+    STEP_OUTPUT_TOKENS: ("mode", "batch"),
+    DRAFT_SECONDS: ("batch",),
+    DRAFT_PREFILL_SECONDS: ("batch",),
+    DRAFT_CATCHUP_SECONDS: ("batch",),
+    ITERATIONS: ("mode", "explored"),
+}
+HISTOGRAMS = (TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, STEP_SECONDS)
+
+
+def own_labels(series: str) -> tuple[str, ...]:
+    """The engine's labels on one series name (a histogram's _bucket, _sum or _count too)."""
+    for histogram in HISTOGRAMS:
+        suffix = series.removeprefix(histogram)
+        if suffix in ("_bucket", "_sum", "_count"):
+            return METRIC_LABELS.get(histogram, ()) + (("le",) if suffix == "_bucket" else ())
+    return METRIC_LABELS.get(series, ())
+
+
 OUTCOMES = ("ok", "error", "rejected", "invalid")  # invalid: refused with a 4xx other than 429
 MODES = ("spec", "plain")
 

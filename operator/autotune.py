@@ -92,6 +92,7 @@ class Observation:
     selector: str = ""  # the label matchers the engines were read with
     unscraped: tuple[str, ...] = ()  # ready pods without fresh engine series in `window`
     ready_at: datetime | None = None  # when the last of the ready pods became ready
+    scrape_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)  # pod -> why
 
 
 @dataclass(frozen=True)

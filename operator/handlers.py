@@ -24,6 +24,7 @@ from spectune.operator import autotune, engines, kube, logs, metrics, render, tu
 from spectune.operator.fleet_memory import record_window
 from spectune.operator.models import GROUP, KIND, PLURAL, VERSION, SpecDeploymentSpec, parse_spec
 from spectune.operator.prometheus import PrometheusReader, Selector
+from spectune.operator.scraping import why_unscraped
 
 RESYNC_SECONDS = 10.0
 # A conflict (another writer moved the object since it was read): the next turn comes soon.
@@ -117,6 +118,7 @@ def observe(
         memo.get("traffic", []),
         selector.matchers(),
         interval,
+        lambda pods: why_unscraped(reader.targets(), pods, namespace, name, selector.labels),
     )
     if seen.window is not None:
         memo.scrape_interval = seen.window.scrape_interval or interval

@@ -16,6 +16,15 @@ class MetricsUnavailable(Exception):
 
 
 @dataclass(frozen=True)
+class LabelNames:
+    """Target label names for the engines' namespace, pod and SpecDeployment instance."""
+
+    namespace: str = "namespace"
+    pod: str = "pod"
+    instance: str = "app_kubernetes_io_instance"
+
+
+@dataclass(frozen=True)
 class Traffic:
     """What the fleet's engines did over one window, summed over fresh pods. None is unknown
     (no series), never zero; the properties are None whenever an input is."""

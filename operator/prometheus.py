@@ -4,8 +4,9 @@ Every query is built from the names in engine/contract.py. Engines are selected 
 namespace and instance labels, whose names differ between Prometheus setups: the defaults
 are what the local cluster's pod discovery gives (hack/cluster/prometheus.yml.in maps the
 pod's `app.kubernetes.io/instance` label to `app_kubernetes_io_instance`); a PodMonitor
-needs podTargetLabels or other names. Queries return per-pod series that are summed here,
-over the pods whose `spectune_engine_info` is fresh, so that one stale or vanished pod
+needs podTargetLabels or other names. Queries return per-pod series (one per pod and engine
+label set, `max by` them: a pod that two jobs scrape counts once) that are summed here, over
+the pods whose `spectune_engine_info` is fresh, so that one stale or vanished pod
 cannot lend old data to the window, and warm, so that a pod that just started (a counter's
 first scrape is no increase, its first steps no steady state) does not either. Missing data
 is None (unknown), never zero;
@@ -27,21 +28,18 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from spectune.engine import contract as c
-from spectune.operator.observations import EngineInfo, FleetWindow, MetricsUnavailable
+from spectune.operator.observations import (
+    EngineInfo,
+    FleetWindow,
+    LabelNames,
+    MetricsUnavailable,
+)
+from spectune.operator.scraping import ScrapeTarget
 from spectune.operator.window import PerPod, fleet_window
 
 
 class PrometheusUnavailable(MetricsUnavailable):
     """Prometheus could not be asked or gave an answer that is not a query result."""
-
-
-@dataclass(frozen=True)
-class LabelNames:
-    """Target label names for the engines' namespace, pod and SpecDeployment instance."""
-
-    namespace: str = "namespace"
-    pod: str = "pod"
-    instance: str = "app_kubernetes_io_instance"
 
 
 def _quote(value: str) -> str:
@@ -169,6 +167,19 @@ class PrometheusReader:
             )
         return found
 
+    def targets(self) -> list[ScrapeTarget]:
+        """Every target Prometheus discovered, active and dropped (the targets API)."""
+        try:
+            data = self.client.get_targets(state="any")
+            return [
+                *(_target(t, dropped=False) for t in data["activeTargets"]),
+                *(_target(t, dropped=True) for t in data["droppedTargets"]),
+            ]
+        except (requests.RequestException, PrometheusApiClientException, ValueError) as e:
+            raise PrometheusUnavailable(f"/api/v1/targets: {e}") from e
+        except (KeyError, TypeError, AttributeError) as e:
+            raise PrometheusUnavailable(f"/api/v1/targets: not a targets answer ({e!r})") from e
+
     def read(self, selector: Selector, window_seconds: int) -> FleetWindow:
         """Step sums per (SKU, mode, bucket) and traffic over the last `window_seconds`."""
         at = self.now()
@@ -177,15 +188,27 @@ class PrometheusReader:
         sel, w, pod = selector.matchers(), f"[{int(window_seconds)}s]", selector.labels.pod
 
         def increase(metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod:
-            grouping = ",".join((pod, *by))
+            # one series per pod and engine label set first: a pod two jobs scrape counts once
+            grouping, own = ",".join((pod, *by)), ",".join((pod, *c.own_labels(metric)))
             matchers = selector.matchers(**labels)
-            query = f"sum by ({grouping}) (increase({metric}{matchers}{w}))"
+            query = f"sum by ({grouping}) (max by ({own}) (increase({metric}{matchers}{w})))"
             return self._per_pod(query, at, pods, pod, by)
 
         def mean_gauge(metric: str) -> dict[str, float]:
             return self._per_pod(f"avg_over_time({metric}{sel}{w})", at, pods, pod).get((), {})
 
         return fleet_window(pods, window_seconds, increase, mean_gauge, interval)
+
+
+def _target(t: Mapping[str, Any], dropped: bool) -> ScrapeTarget:
+    return ScrapeTarget(
+        pool=str(t.get("scrapePool", "")),
+        labels=dict(t.get("labels") or {}),
+        discovered=dict(t["discoveredLabels"]),
+        health=str(t.get("health", "unknown")),
+        error=str(t.get("lastError", "")),
+        dropped=dropped,
+    )
 
 
 def _number(value: Any, what: str) -> float:

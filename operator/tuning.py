@@ -7,6 +7,7 @@ committed state explains, and raised exploration on a lease that expires by itse
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -90,11 +91,13 @@ def observe(
     recent: Sequence[tuple[datetime, Traffic]],
     selector: str,
     interval: float | None = None,
+    diagnose: Callable[[list[str]], Mapping[str, str]] | None = None,
 ) -> Observation:
     """What this turn sees: the pods, and the engines' window `read` returns over the seconds
     the calibration phase asks for (Prometheus for the operator, the simulator's scrapes for
-    spectune-sim) at the scrape `interval` last observed. Manual reads nothing: the pin needs
-    no measurement."""
+    spectune-sim) at the scrape `interval` last observed; for ready pods overdue without
+    series, why, as `diagnose` finds (Prometheus's targets). Manual reads nothing: the pin
+    needs no measurement."""
     unready = unready_pods(pods)
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     ready = len(live) - len(unready)
@@ -110,7 +113,35 @@ def observe(
         return Observation(
             now, ready, settled, None, error=str(err), selector=selector, ready_at=ready_at
         )
-    return Observation(now, ready, settled, window, recent, selector=selector, ready_at=ready_at)
+    problems: Mapping[str, str] = {}
+    serving = ready_pods(pods)
+    late = overdue(serving, [p for p in serving if p not in window.engines], now, window)
+    if late and diagnose is not None:
+        with contextlib.suppress(MetricsUnavailable):  # the condition then says less
+            problems = diagnose(late)
+    return Observation(
+        now, ready, settled, window, recent, selector=selector, ready_at=ready_at,
+        scrape_problems=problems,
+    )  # fmt: skip
+
+
+def ready_pods(pods: list[dict[str, Any]]) -> dict[str, datetime | None]:
+    """Each ready engine pod (not going away) -> since when (None: its kubelet wrote no time)."""
+    not_ready = {u.split(":", 1)[0] for u in unready_pods(pods)}
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    names = {p["metadata"]["name"]: ready_since(p) for p in live}
+    return {pod: since for pod, since in names.items() if pod not in not_ready}
+
+
+def overdue(
+    ready: Mapping[str, datetime | None],
+    unscraped: Sequence[str],
+    now: datetime,
+    window: FleetWindow,
+) -> list[str]:
+    """The `unscraped` pods ready longer than Prometheus needs to scrape a new engine."""
+    grace = max(SCRAPE_GRACE, timedelta(seconds=GRACE_SCRAPES * (window.scrape_interval or 0)))
+    return [pod for pod in unscraped if (since := ready.get(pod)) is None or now - since >= grace]
 
 
 def tune(
@@ -130,9 +161,7 @@ def tune(
     before = saved_state(spec, status)
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     unready = unready_pods(pods)
-    not_ready = {u.split(":", 1)[0] for u in unready}
-    ready = {p["metadata"]["name"]: ready_since(p) for p in live}
-    ready = {pod: since for pod, since in ready.items() if pod not in not_ready}
+    ready = ready_pods(pods)
     if observation.window is not None:
         scraped = observation.window.engines
         missing = tuple(sorted(pod for pod in ready if pod not in scraped))
@@ -154,7 +183,7 @@ def tune(
             lease=lease,
         )
         for p in live
-        if p["metadata"]["name"] not in not_ready and (p.get("status") or {}).get("podIP")
+        if p["metadata"]["name"] in ready and (p.get("status") or {}).get("podIP")
     )
     previous = list(status.get("conditions") or [])
     conditions = rollout_conditions(spec.replicas, dict(rollout), unready, previous, now)
@@ -201,19 +230,17 @@ def metrics_available(
         why = f"cannot read Prometheus: {(observation.error or '')[:200]}"
         return condition("MetricsAvailable", False, "PrometheusUnavailable", why, now, previous)
     interval = observation.window.scrape_interval
-    grace = max(SCRAPE_GRACE, timedelta(seconds=GRACE_SCRAPES * (interval or 0)))
-    overdue = [
-        pod
-        for pod in observation.unscraped
-        if (since := ready.get(pod)) is None or now - since >= grace
-    ]
-    if overdue:
+    late = overdue(ready, observation.unscraped, now, observation.window)
+    if late:
+        problems = observation.scrape_problems
+        why = "; ".join(f"{pod}: {problems[pod]}" for pod in late if pod in problems) or (
+            "check that a PodMonitor or scrape config selects these pods and keeps the labels "
+            "the operator's --prometheus-*-label flags name"
+        )
         message = (
-            f"no fresh engine series in Prometheus for the ready pods {', '.join(overdue)} "
+            f"no fresh engine series in Prometheus for the ready pods {', '.join(late)} "
             f"(queried with {observation.selector or 'the deployment selector'}): no "
-            "calibration until they are scraped; check that a PodMonitor or scrape config "
-            "selects these pods and keeps the labels the operator's --prometheus-*-label "
-            "flags name"
+            f"calibration until they are scraped; {why}"
         )
         return condition("MetricsAvailable", False, "EnginesNotScraped", message, now, previous)
     if too_short := autotune.window_too_short(spec, interval):

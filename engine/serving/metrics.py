@@ -19,11 +19,15 @@ def _name(metric: str) -> str:
     return metric.removesuffix("_total")
 
 
+def _labels(metric: str) -> list[str]:
+    return list(c.METRIC_LABELS[metric])
+
+
 class EngineMetrics:
     def __init__(self, info: dict[str, str]) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
-            _name(c.REQUESTS), "Finished requests by outcome", ["outcome"], registry=r
+            _name(c.REQUESTS), "Finished requests by outcome", _labels(c.REQUESTS), registry=r
         )
         self.slo_met = Counter(
             _name(c.REQUESTS_SLO_MET), "Requests within TTFT and TPOT targets", registry=r
@@ -51,35 +55,35 @@ class EngineMetrics:
         self.step_seconds = Histogram(
             c.STEP_SECONDS,
             "Wall time of one decode iteration",
-            ["mode", "batch"],
+            _labels(c.STEP_SECONDS),
             buckets=c.STEP_BUCKETS,
             registry=r,
         )
         self.step_tokens = Counter(
             _name(c.STEP_OUTPUT_TOKENS),
             "Tokens committed by decode iterations",
-            ["mode", "batch"],
+            _labels(c.STEP_OUTPUT_TOKENS),
             registry=r,
         )
         self.draft_seconds = Counter(
-            _name(c.DRAFT_SECONDS), "Time spent drafting", ["batch"], registry=r
+            _name(c.DRAFT_SECONDS), "Time spent drafting", _labels(c.DRAFT_SECONDS), registry=r
         )
         self.prefill_seconds = Counter(
             _name(c.DRAFT_PREFILL_SECONDS),
             "Time the draft spent on its prefill (also in spec step seconds)",
-            ["batch"],
+            _labels(c.DRAFT_PREFILL_SECONDS),
             registry=r,
         )
         self.catchup_seconds = Counter(
             _name(c.DRAFT_CATCHUP_SECONDS),
             "Time the draft spent reading tokens plain iterations committed",
-            ["batch"],
+            _labels(c.DRAFT_CATCHUP_SECONDS),
             registry=r,
         )
         self.iterations = Counter(
             _name(c.ITERATIONS),
             "Decode iterations by mode, and whether the mode was explored",
-            ["mode", "explored"],
+            _labels(c.ITERATIONS),
             registry=r,
         )
         self.drafts = Counter(_name(c.SPEC_DRAFTS), "Sequences drafted for", registry=r)

@@ -52,6 +52,7 @@ DECISIONS = tuple(
         "verification",
         "observations",
         "fleet_memory",
+        "scraping",
         "tuning",
     )
 )

@@ -51,6 +51,8 @@ def test_unscraped_engines_never_explore_and_the_condition_says_why(
     assert condition["reason"] == "EnginesNotScraped", condition
     assert pods[0].metadata.name in condition["message"], condition
     assert f'{MISSING_LABEL}="{NAME}"' in condition["message"], condition
+    # the cause, from Prometheus's targets: the pod is scraped, without the label queried
+    assert f"without the label(s) {MISSING_LABEL} the operator selects" in condition["message"]
     for _ in range(4):  # two turns more: still nothing explores
         shares.append(speculation(url)["effective_exploration"])
         time.sleep(5)

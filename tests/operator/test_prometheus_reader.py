@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import socket
+import subprocess
 import threading
 import time
 import urllib.request
@@ -29,7 +30,9 @@ from spectune.operator.prometheus import (
     PrometheusUnavailable,
     Selector,
 )
-from tests.cluster.support import ENGINE_LABEL, Cluster, is_loopback
+from tests.cluster.support import ENGINE_LABEL, LOCAL, Cluster, is_loopback
+from tests.server.metrics_text import parse, total
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 PORT = 8000
@@ -58,6 +61,14 @@ class Recorded:
         return self.result
 
 
+class Instants(Recorded):
+    """The clock and the engines answered; no series for the sums or the scrape interval."""
+
+    def custom_query(self, query: str, params: dict | None = None) -> list[dict[str, Any]]:
+        result = super().custom_query(query, params)
+        return result if query.startswith(("vector", "timestamp")) else []
+
+
 def test_engines_that_just_started_are_left_out_by_the_query() -> None:
     """Warm: the info series had a sample `warm_up_seconds` ago too (`and` keeps the left
     side's timestamps); the real Prometheus runs it in the cluster tests below."""
@@ -78,16 +89,25 @@ def test_one_read_evaluates_every_query_at_one_instant() -> None:
     Prometheus's own, asked once (each query at its own "now" could straddle a scrape)."""
     info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
 
-    class Instants(Recorded):  # the clock and the engines; no series for the sums
-        def custom_query(self, query: str, params: dict | None = None) -> list[dict[str, Any]]:
-            result = super().custom_query(query, params)
-            return result if query.startswith(("vector", "timestamp")) else []
-
     client = Instants([info])
     PrometheusReader("http://unused", client=client).read(Selector("ns", "sd"), WINDOW)
     assert client.queries[0] == "vector(time())"
     assert len(client.queries) > 10 and client.times[0] is None
     assert set(client.times[1:]) == {1000.0}
+
+
+def test_each_pods_series_are_keyed_by_the_engines_labels_before_they_are_summed() -> None:
+    """A pod two jobs scrape has each series twice, differing in `job` only: `max by` the pod
+    and the engine's own labels keeps one of each (the real Prometheus runs it below)."""
+    info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
+    client = Instants([info])
+    PrometheusReader("http://unused", client=client).read(Selector("ns", "sd"), WINDOW)
+    sums = [q for q in client.queries if "increase(" in q]
+    assert len(sums) == 14 and all(q.startswith("sum by (pod") for q in sums)
+    step = next(q for q in sums if f"{contract.STEP_SECONDS}_count" in q)
+    assert "(max by (pod,mode,batch) (increase(" in step
+    e2e = next(q for q in sums if f"{contract.E2E_REQUEST_LATENCY}_bucket" in q)
+    assert "(max by (pod,le) (increase(" in e2e
 
 
 def test_the_scrape_interval_is_read_from_the_samples_and_stretches_staleness() -> None:
@@ -274,6 +294,72 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
     )["result"]
     again = reader.read(mine, WINDOW).traffic.e2e_p95_seconds
     assert again is not None and again == pytest.approx(float(real[0]["value"][1]), rel=0.05)
+
+
+@pytest.fixture
+def scraped_twice(tmp_path: Path, engine_pod: Any) -> Iterator[str]:
+    """A second Prometheus that scrapes the engine pod in two jobs, as a cluster does that has
+    annotation discovery and a PodMonitor both: every series twice, told apart only by `job`.
+    Yields its URL."""
+    pod = engine_pod
+    target = {
+        "targets": [f"{pod.status.pod_ip}:{PORT}"],
+        "labels": {"namespace": pod.metadata.namespace, "pod": pod.metadata.name,
+                   "app_kubernetes_io_instance": INSTANCE},
+    }  # fmt: skip
+    config = {
+        "global": {"scrape_interval": "2s", "scrape_timeout": "2s"},
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [target]}
+            for job in ("kubernetes-pods", "podmonitor/engines")
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("w")
+    prometheus = subprocess.Popen(
+        [str(LOCAL / "bin" / "prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until("the second Prometheus to be ready", lambda: HTTP.open(f"{url}/-/ready"))
+        yield url
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
+        log.close()
+
+
+@pytest.mark.cluster
+def test_a_pod_two_jobs_scrape_counts_once(engine_pod: Any, scraped_twice: str) -> None:
+    """Requests and decode steps as the engine counted them, not twice that."""
+    reader, mine = (
+        PrometheusReader(scraped_twice),
+        Selector(engine_pod.metadata.namespace, INSTANCE),
+    )
+    wait_until("the second Prometheus to scrape the engine", lambda: reader.engines(mine))
+    jobs = reader.client.custom_query(f"count by (job) ({contract.ENGINE_INFO}{mine.matchers()})")
+    assert len(jobs) == 2  # the same series from two jobs
+    base = f"http://{engine_pod.status.pod_ip}:{PORT}"
+
+    def steps() -> float:
+        page = parse(HTTP.open(f"{base}/metrics").read().decode())
+        return total(page, contract.STEP_SECONDS + "_count")
+
+    before = steps()
+    sent = drive(base, seconds=10)
+    ran = steps() - before
+
+    def counted() -> FleetWindow | None:
+        window = reader.read(mine, WINDOW)
+        return window if (window.traffic.requests or 0) >= 0.8 * sent else None
+
+    window = wait_until("the traffic in the second Prometheus", counted, timeout=30)
+    assert window.traffic.requests is not None and window.traffic.requests <= 1.3 * sent
+    (stats,) = window.steps.values()
+    assert sum(s.steps for s in stats.values()) == pytest.approx(ran, rel=0.3)
 
 
 class Later(PrometheusReader):

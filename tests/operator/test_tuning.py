@@ -172,3 +172,36 @@ def test_a_window_holding_too_few_scrapes_is_refused_with_the_reason() -> None:
     ok = tune("llm", longer, t.status, 2, PODS, ROLLOUT, observe(10, slow), {}, LEASE)
     assert [e.reason for e in ok.events] == ["CalibrationStarted"]
     assert metrics_condition(ok)["status"] == "True"
+
+
+def test_the_targets_are_asked_why_only_for_pods_overdue_and_the_condition_names_the_cause() -> (
+    None
+):
+    """A pod still inside the grace is not diagnosed (it may be about to be scraped); one past
+    it is, and the condition carries the cause. A failed targets call says less, no more."""
+    s = spec()
+    pods = [ready_since("e-0", "127.0.0.5", 600), ready_since("e-1", "127.0.0.6", 600),
+            ready_since("e-2", "127.0.0.7", 5)]  # fmt: skip
+    asked: list[list[str]] = []
+
+    def diagnose(late: list[str]) -> dict[str, str]:
+        asked.append(late)
+        return {pod: "Prometheus has no target for it" for pod in late}
+
+    only_e0 = window(pods={"e-0": H100})
+    seen = observe_turn(s, fresh(s), pods, T0, lambda _: only_e0, (), "{}", diagnose=diagnose)
+    assert asked == [["e-1"]]
+    assert seen.scrape_problems == {"e-1": "Prometheus has no target for it"}
+    c = metrics_condition(tune("llm", s, {}, 1, pods, ROLLOUT, seen, {}, LEASE))
+    assert c["reason"] == "EnginesNotScraped"
+    assert c["message"].endswith("until they are scraped; e-1: Prometheus has no target for it")
+    assert observe_turn(s, fresh(s), pods[:1], T0, lambda _: only_e0, (), "{}", diagnose=diagnose)
+    assert len(asked) == 1  # every ready pod scraped: nothing to ask
+
+    def unavailable(late: list[str]) -> dict[str, str]:
+        raise MetricsUnavailable("/api/v1/targets: 503")
+
+    quiet = observe_turn(s, fresh(s), pods, T0, lambda _: only_e0, (), "{}", diagnose=unavailable)
+    assert quiet.scrape_problems == {} and quiet.window is only_e0
+    general = metrics_condition(tune("llm", s, {}, 1, pods, ROLLOUT, quiet, {}, LEASE))
+    assert "check that a PodMonitor or scrape config selects these pods" in general["message"]

@@ -43,3 +43,20 @@ def test_iterations_count_by_mode_and_exploration_and_catch_up_stays_apart() -> 
     assert total(samples, contract.STEP_SECONDS + "_sum", mode="spec") == pytest.approx(0.020)
     assert total(samples, contract.DRAFT_CATCHUP_SECONDS, batch="4") == 0.005
     assert total(samples, contract.DRAFT_PREFILL_SECONDS, batch="4") == 0.003
+
+
+def test_every_series_carries_exactly_the_labels_the_contract_names() -> None:
+    """The reader keys a pod's series by the contract's labels alone (a pod scraped by two
+    jobs counts once): a label the engine adds and the contract lacks would make it collapse
+    series that differ, one it names and the engine lacks would not group."""
+    metrics = EngineMetrics(INFO)
+    metrics.observe_iteration(Iteration("spec", 4, 8, 0.010, draft_seconds=0.002, explored=True))
+    metrics.observe_iteration(Iteration("plain", 20, 20, 0.008))
+    metrics.observe_request(None, "ok", slo_met=False, prompt_tokens=5)
+    metrics.observe_tokens(0.02, 2)
+    samples = parse(generate_latest(metrics.registry).decode())
+    names = {name for name, _ in samples}
+    assert {contract.STEP_SECONDS + "_bucket", contract.ITERATIONS, contract.REQUESTS} <= names
+    for name, labels in samples:
+        want = set(INFO) if name == contract.ENGINE_INFO else set(contract.own_labels(name))
+        assert {k for k, _ in labels} == want, name
