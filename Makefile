@@ -53,7 +53,8 @@ clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
 
 # --- local Kubernetes cluster (hack/cluster.sh): real etcd, kube-apiserver (RBAC), controller
-# manager, scheduler, kwok fake GPU nodes, Prometheus and the pod runner, all on 127.0.0.1.
+# manager, scheduler, kwok fake GPU nodes, two Prometheus servers (one hand-configured, one the
+# Prometheus Operator configures) and the pod runner, all on 127.0.0.1.
 # `binaries` builds them from their Go modules (hack/tools/*) into .local/bin once, then is a
 # no-op; a cold build takes tens of minutes on 2 cores.
 .PHONY: binaries cluster-up cluster-down cluster-status

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the real parts the cluster tests and the demo run (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kwok, helm, Prometheus) from their Go modules at
+# kube-controller-manager, kube-scheduler, kwok, helm, Prometheus, the Prometheus Operator) from their Go modules at
 # the versions pinned in hack/tools/*/go.mod, into .local/bin.
 #
-# Usage: hack/build-binaries.sh [-q] [GROUP...]   (groups: kubernetes etcd kwok prometheus helm;
-#                                                   default: all; -q: say nothing when cached)
+# Usage: hack/build-binaries.sh [-q] [GROUP...]   (groups: kubernetes etcd kwok prometheus helm
+#                                                   prometheus-operator; default: all;
+#                                                   -q: say nothing when cached)
 #        hack/build-binaries.sh --check [GROUP...]  exit 0 when nothing needs compiling (each
 #                                                   group installed or in the store), else 1
 #
@@ -32,7 +33,7 @@ export GOMODCACHE="${GOMODCACHE:-$(go env GOPATH | cut -d: -f1)/pkg/mod}"
 export GOFLAGS="-trimpath -mod=readonly -buildvcs=false"
 export CGO_ENABLED=0
 
-all_groups=(kubernetes etcd kwok prometheus helm)
+all_groups=(kubernetes etcd kwok prometheus helm prometheus-operator)
 
 # The version of MODULE that the tool module DIR requires.
 module_version() {
@@ -50,6 +51,7 @@ group_binaries() {
     kwok) echo "kwok" ;;
     prometheus) echo "prometheus" ;;
     helm) echo "helm" ;;
+    prometheus-operator) echo "prometheus-operator" ;;
     *) echo "build-binaries: unknown group '$1' (known: ${all_groups[*]})" >&2; return 1 ;;
   esac
 }
@@ -63,6 +65,7 @@ group_packages() {
     kwok) echo "sigs.k8s.io/kwok/cmd/kwok" ;;
     prometheus) echo "github.com/prometheus/prometheus/cmd/prometheus" ;;
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
+    prometheus-operator) echo "github.com/prometheus-operator/prometheus-operator/cmd/operator" ;;
   esac
 }
 
@@ -98,6 +101,11 @@ group_ldflags() {
       ;;
     helm)
       flags+=" -X helm.sh/helm/v3/internal/version.version=$(module_version helm helm.sh/helm/v3)"
+      ;;
+    prometheus-operator)
+      local v
+      v="$(module_version prometheus-operator github.com/prometheus-operator/prometheus-operator)"
+      flags+=" -X github.com/prometheus/common/version.Version=${v#v}"
       ;;
   esac
   echo "$flags"
@@ -163,6 +171,7 @@ build_group() {
     -ldflags "$(group_ldflags "$g")" $(group_packages "$g")) 2>&1 | progress "$g"
   # go names a binary built from a path ending in /v3 after the element before it.
   if [[ $g == etcd && ! -e "$tmp/etcd" ]]; then mv "$tmp/server" "$tmp/etcd"; fi
+  if [[ $g == prometheus-operator ]]; then mv "$tmp/operator" "$tmp/prometheus-operator"; fi
   for b in $(group_binaries "$g"); do
     [[ -x "$tmp/$b" ]] || { echo "build-binaries: $g did not yield $b" >&2; exit 1; }
   done

@@ -4,6 +4,16 @@
 # GPU nodes, Prometheus with pod discovery, and the pod runner that starts a real engine
 # behind every engine pod. Everything listens on 127.0.0.1; state, logs and pids live in .local/.
 #
+# Two Prometheus servers, for two setups users run:
+# - "prometheus" (SPECTUNE_PROMETHEUS_URL) has a hand-written configuration
+#   (hack/cluster/prometheus.yml.in): pods found by their prometheus.io/* annotations, scraped
+#   every 2 s so that the tests' and the demo's short calibration windows hold enough scrapes.
+#   The tests and the demo that watch the autotuner decide use it.
+# - "prometheus-kps" (SPECTUNE_KPS_PROMETHEUS_URL) runs what the Prometheus Operator generates
+#   from a Prometheus object shaped as kube-prometheus-stack's (hack/cluster/prometheus-kps.yaml.in:
+#   monitors labelled `release: kps`, 30 s scrapes); hack/config_reloader.py plays the
+#   config-reloader sidecar. The Prometheus Operator's CRDs are the real ones, from its module.
+#
 # Usage: hack/cluster.sh up|down|status
 #
 # Network rule: only loopback addresses ever receive traffic. Node addresses and pod CIDRs are
@@ -29,10 +39,13 @@ kcm_port="${SPECTUNE_KCM_PORT:-20257}"
 sched_port="${SPECTUNE_SCHEDULER_PORT:-20259}"
 kwok_port="${SPECTUNE_KWOK_PORT:-20250}"
 prom_port="${SPECTUNE_PROMETHEUS_PORT:-19090}"
+kps_port="${SPECTUNE_KPS_PROMETHEUS_PORT:-19091}"
+prom_operator_port="${SPECTUNE_PROMETHEUS_OPERATOR_PORT:-20270}"
 api="https://127.0.0.1:$api_port"
 
 # Start order (`down` stops the clients first, then the API server, then etcd).
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok prometheus pod-runner)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok prometheus pod-runner
+  prometheus-operator prometheus-kps config-reloader)
 
 log() { echo "cluster: $*"; }
 die() { echo "cluster: $*" >&2; exit 1; }
@@ -73,6 +86,9 @@ healthy() {
     kwok) curl -sf --max-time 3 "http://127.0.0.1:$kwok_port/healthz" >/dev/null && nodes_ready ;;
     prometheus) curl -sf --max-time 3 "http://127.0.0.1:$prom_port/-/ready" >/dev/null ;;
     pod-runner) [[ -f "$run/pod-runner.ready" ]] ;;
+    prometheus-operator) curl -sf --max-time 3 "http://127.0.0.1:$prom_operator_port/healthz" >/dev/null ;;
+    prometheus-kps) curl -sf --max-time 3 "http://127.0.0.1:$kps_port/-/ready" >/dev/null ;;
+    config-reloader) [[ -f "$run/config-reloader.ready" ]] ;;
   esac
 }
 
@@ -161,6 +177,9 @@ make_pki() {
   cert kube-controller-manager "/CN=system:kube-controller-manager"
   cert kube-scheduler "/CN=system:kube-scheduler"
   cert pod-runner "/O=system:masters/CN=spectune-pod-runner"
+  # The Prometheus Operator and its config reloader stand in for cluster add-ons.
+  cert prometheus-operator "/O=system:masters/CN=prometheus-operator"
+  cert config-reloader "/O=system:masters/CN=prometheus-config-reloader"
   # The API server publishes its request-header settings for delegated authentication; without
   # them the controller manager and the scheduler log errors about a missing CA bundle.
   cert front-proxy-client "/CN=front-proxy-client"
@@ -170,7 +189,7 @@ make_pki() {
   fi
   cert_kubeconfig "$kubeconfig" admin
   local c
-  for c in kwok kube-controller-manager kube-scheduler pod-runner; do
+  for c in kwok kube-controller-manager kube-scheduler pod-runner config-reloader; do
     cert_kubeconfig "$pki/$c.kubeconfig" "$c"
   done
 }
@@ -190,7 +209,7 @@ all_healthy() {
 
 up() {
   local t0=$SECONDS
-  "$root/hack/build-binaries.sh" -q kubernetes etcd kwok prometheus
+  "$root/hack/build-binaries.sh" -q kubernetes etcd kwok prometheus prometheus-operator
   if all_healthy; then
     log "already up (kubeconfig: $kubeconfig)"
     return
@@ -216,6 +235,7 @@ up() {
 SPECTUNE_KUBECONFIG=$kubeconfig
 SPECTUNE_API_SERVER=$api
 SPECTUNE_PROMETHEUS_URL=http://127.0.0.1:$prom_port
+SPECTUNE_KPS_PROMETHEUS_URL=http://127.0.0.1:$kps_port
 SPECTUNE_ETCD_URL=http://127.0.0.1:$etcd_port
 EOF
 
@@ -294,13 +314,47 @@ EOF
   start pod-runner "$python" "$root/hack/pod_runner.py" --kubeconfig "$pki/pod-runner.kubeconfig" \
     --state-dir "$state/pods" --ready-file "$run/pod-runner.ready"
 
+  start_prometheus_operator
+
   local c
-  for c in kube-controller-manager kube-scheduler kwok prometheus pod-runner; do
+  for c in kube-controller-manager kube-scheduler kwok prometheus pod-runner prometheus-kps \
+    config-reloader; do
     wait_for "$c" 90
   done
   trap - EXIT
   log "ready in $((SECONDS - t0)) s; export KUBECONFIG=$kubeconfig;" \
     "Prometheus at http://127.0.0.1:$prom_port"
+}
+
+# The Prometheus Operator with its real CRDs (from its Go module, which the build fetched), the
+# Prometheus object, a Prometheus for it on 127.0.0.1:$kps_port that starts with no scrape jobs,
+# and the reloader that gives it the generated configuration.
+start_prometheus_operator() {
+  local crds version
+  crds="$(cd "$root/hack/tools/prometheus-operator" &&
+    go mod download github.com/prometheus-operator/prometheus-operator &&
+    go list -m -f '{{.Dir}}' github.com/prometheus-operator/prometheus-operator)/example/prometheus-operator-crd"
+  log "applying the Prometheus Operator's CRDs; starting it on 127.0.0.1:$prom_operator_port"
+  # server-side: the Prometheus CRD is too large for the last-applied annotation
+  kubectl apply --server-side -f "$crds" >>"$logs/up.log"
+  kubectl wait --for condition=Established --timeout 60s -f "$crds" >>"$logs/up.log"
+  start prometheus-operator "$bin/prometheus-operator" \
+    --apiserver "$api" --ca-file "$pki/ca.crt" \
+    --cert-file "$pki/prometheus-operator.crt" --key-file "$pki/prometheus-operator.key" \
+    --web.listen-address "127.0.0.1:$prom_operator_port" --log-level warn
+  version="$("$bin/prometheus" --version | sed -n 's/^prometheus, version \([^ ]*\).*/v\1/p')"
+  sed "s|@VERSION@|$version|" "$cfg/prometheus-kps.yaml.in" | kubectl apply -f - >>"$logs/up.log"
+  mkdir -p "$state/prometheus-kps"
+  printf 'global:\n  scrape_interval: 30s\n' >"$state/prometheus-kps/prometheus.yml"
+  log "starting Prometheus for the Prometheus object monitoring/kps on 127.0.0.1:$kps_port"
+  start prometheus-kps "$bin/prometheus" --config.file "$state/prometheus-kps/prometheus.yml" \
+    --storage.tsdb.path "$state/prometheus-kps/data" --storage.tsdb.retention.time 1d \
+    --web.listen-address "127.0.0.1:$kps_port" --web.enable-lifecycle --log.level warn
+  start config-reloader "$python" "$root/hack/config_reloader.py" \
+    --kubeconfig "$pki/config-reloader.kubeconfig" --namespace monitoring --name kps \
+    --prometheus-kubeconfig "$state/prometheus/kubeconfig" \
+    --prometheus "http://127.0.0.1:$kps_port" --state-dir "$state/prometheus-kps" \
+    --ready-file "$run/config-reloader.ready"
 }
 
 # True while a process of group PGID is alive. Exited ones linger as zombies until init reaps
@@ -339,10 +393,11 @@ stop() {
 down() {
   # Clients first, then the API server while etcd still answers (it hangs on shutdown
   # otherwise), then etcd.
+  stop config-reloader prometheus-kps prometheus-operator
   stop pod-runner prometheus kwok kube-scheduler kube-controller-manager
   stop kube-apiserver
   stop etcd
-  rm -f "$run/pod-runner.ready"
+  rm -f "$run/pod-runner.ready" "$run/config-reloader.ready"
   rm -rf "$state"
   log "down"
 }
@@ -363,7 +418,8 @@ status() {
   done
   if ((rc == 0)); then
     echo
-    echo "kubeconfig: $kubeconfig   Prometheus: http://127.0.0.1:$prom_port"
+    echo "kubeconfig: $kubeconfig   Prometheus: http://127.0.0.1:$prom_port" \
+      "(the Prometheus Operator's: http://127.0.0.1:$kps_port)"
     kubectl get nodes \
       -o custom-columns='NODE:.metadata.name,IP:.status.addresses[0].address,GPU:.metadata.labels.nvidia\.com/gpu\.product,GPUS:.status.allocatable.nvidia\.com/gpu'
   fi

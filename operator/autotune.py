@@ -94,6 +94,11 @@ class Observation:
     ready_at: datetime | None = None  # when the last of the ready pods became ready
     scrape_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)  # pod -> why
 
+    def scrape_interval_or(self, last: float | None) -> float | None:
+        """The scrape interval this read saw, else `last` (the one seen before): a failed read,
+        or one of series with a single sample each, sees none."""
+        return (self.window.scrape_interval if self.window else None) or last
+
 
 @dataclass(frozen=True)
 class Event:

@@ -120,8 +120,7 @@ def observe(
         interval,
         lambda pods: why_unscraped(reader.targets(), pods, namespace, name, selector.labels),
     )
-    if seen.window is not None:
-        memo.scrape_interval = seen.window.scrape_interval or interval
+    memo.scrape_interval = seen.scrape_interval_or(interval)
     return seen
 
 

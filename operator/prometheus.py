@@ -35,7 +35,7 @@ from spectune.operator.observations import (
     MetricsUnavailable,
 )
 from spectune.operator.scraping import ScrapeTarget
-from spectune.operator.window import PerPod, fleet_window
+from spectune.operator.window import PerPod, fleet_window, freshness
 
 
 class PrometheusUnavailable(MetricsUnavailable):
@@ -80,16 +80,20 @@ class PrometheusReader:
             url=url, retry=Retry(total=0), timeout=timeout_seconds
         )
 
-    def _query(self, query: str, at: float | None = None) -> list[dict[str, Any]]:
-        """An instant query, at `at` (unix seconds) or Prometheus's now."""
+    def _query(
+        self, query: str, at: float | None = None, sample: str = "value"
+    ) -> list[dict[str, Any]]:
+        """A query evaluated at `at` (unix seconds) or Prometheus's now: an instant vector
+        (each series' `value`), or with `sample="values"` a range vector."""
         try:
             result = self.client.custom_query(query, params={"time": at} if at else None)
         except (requests.RequestException, PrometheusApiClientException, ValueError) as e:
             raise PrometheusUnavailable(f"{query}: {e}") from e
         if not isinstance(result, list) or not all(
-            isinstance(r, dict) and "metric" in r and "value" in r for r in result
+            isinstance(r, dict) and "metric" in r and sample in r for r in result
         ):
-            raise PrometheusUnavailable(f"{query}: not an instant vector: {result!r:.200}")
+            shape = "an instant" if sample == "value" else "a range"
+            raise PrometheusUnavailable(f"{query}: not {shape} vector: {result!r:.200}")
         return result
 
     def _per_pod(
@@ -121,17 +125,9 @@ class PrometheusReader:
         """Seconds between two scrapes of these engines: the median gap between the samples of
         their info series over the last two minutes; None before a series has two."""
         query = f"{c.ENGINE_INFO}{selector.matchers()}[120s]"
-        try:
-            result = self.client.custom_query(query, params={"time": at} if at else None)
-        except (requests.RequestException, PrometheusApiClientException, ValueError) as e:
-            raise PrometheusUnavailable(f"{query}: {e}") from e
-        if not isinstance(result, list) or not all(
-            isinstance(r, dict) and isinstance(r.get("values"), list) for r in result
-        ):
-            raise PrometheusUnavailable(f"{query}: not a range vector: {result!r:.200}")
         gaps = sorted(
             _number(b[0], query) - _number(a[0], query)
-            for r in result
+            for r in self._query(query, at, sample="values")
             for a, b in itertools.pairwise(r["values"])
         )
         return gaps[len(gaps) // 2] if gaps else None
@@ -142,8 +138,7 @@ class PrometheusReader:
         """Pod -> info for the warm engines scraped within the staleness of `at`. Staleness and
         warm-up follow the scrape `interval` where it is longer than they allow: a fresh
         series is up to one interval old, and a counter needs two samples to increase."""
-        stale = max(self.stale_after, 3 * interval) if interval else self.stale_after
-        warm_up = max(self.warm_up, 2 * interval) if interval and self.warm_up else self.warm_up
+        stale, warm_up = freshness(self.stale_after, self.warm_up, interval)
         info = f"{c.ENGINE_INFO}{selector.matchers()}"
         query = f"timestamp({info})"
         if warm_up > 0:  # and: the engines up then too (matched on all labels but name)

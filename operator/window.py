@@ -17,6 +17,16 @@ from spectune.operator.observations import EngineInfo, FleetWindow, Traffic
 PerPod = dict[tuple[str, ...], dict[str, float]]
 
 
+def freshness(stale_after: float, warm_up: float, interval: float | None) -> tuple[float, float]:
+    """How old an engine's info series may be and how long it must have been there for the
+    engine to count, stretched to the scrape `interval` (None: not seen yet) where it is longer
+    than they allow: a fresh series is up to an interval old (three leave room for a late
+    scrape), and a counter needs two samples to increase. A warm-up of 0 stays 0 (no warm-up)."""
+    if not interval:
+        return stale_after, warm_up
+    return max(stale_after, 3 * interval), max(warm_up, 2 * interval) if warm_up else 0.0
+
+
 class Increase(Protocol):
     """A counter's increase over the window per pod, grouped by the labels `by`, over the
     series whose labels match `labels`."""

@@ -58,8 +58,7 @@ class SimOperator:
         observation = tuning.observe(
             spec, state, pods, when, read, self.traffic, SELECTOR, self.interval
         )
-        if observation.window is not None:
-            self.interval = observation.window.scrape_interval or self.interval
+        self.interval = observation.scrape_interval_or(self.interval)
         turn = tuning.tune(
             self.name,
             spec,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from spectune.engine import contract as c
 from spectune.operator.observations import EngineInfo, FleetWindow
-from spectune.operator.window import PerPod, fleet_window
+from spectune.operator.window import PerPod, fleet_window, freshness
 from spectune.sim.engine_pod import Labels, SeriesKey
 
 # What the reader's queries touch: everything else a pod exposes is not sampled.
@@ -90,8 +90,7 @@ class Scrapes:
     def engines(self, now: float) -> dict[str, EngineInfo]:
         """The reader's `engines`: scraped within the staleness, and up the warm-up ago, each
         stretched to the scrape interval as the reader stretches them."""
-        stale = max(self.stale_after, 3 * self.interval)
-        warm_up = max(self.warm_up, 2 * self.interval)
+        stale, warm_up = freshness(self.stale_after, self.warm_up, self.interval)
         found = {}
         for pod, target in self.targets.items():
             if not target.samples or (target.gone_at is not None and target.gone_at <= now):

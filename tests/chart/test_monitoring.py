@@ -1,21 +1,26 @@
 """Alerts and dashboard: every PromQL expression parses in the real Prometheus and names only
-metrics of the engine's contract or the operator's own; the dashboard is a Grafana model."""
+metrics of the engine's contract or the operator's own; the alerts load through the real
+Prometheus Operator into the Prometheus it configures; the dashboard is a Grafana model."""
 
 from __future__ import annotations
 
 import json
 import re
 import urllib.error
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from spectune.engine import contract
 from spectune.operator import metrics
 from tests.cluster.support import Cluster
+from tests.operator.support import kubectl
+from tests.support.waiting import wait_until
 
-from .support import CHART, VALUES, one, render
+from .support import CHART, VALUES, helm, one, render, template_args
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("helm_binary")]
 
@@ -81,6 +86,7 @@ def test_alerts_parse_and_name_known_metrics(cluster: Cluster) -> None:
     rules = alert_rules()
     assert {r["alert"] for r in rules} == {
         "SpecDeploymentDegraded",
+        "SpecDeploymentEnginesNotScraped",
         "SpecDeploymentCalibrationFailing",
         "SpecDeploymentGoodputBelowTarget",
         "SpecDeploymentThresholdFlapping",
@@ -90,6 +96,36 @@ def test_alerts_parse_and_name_known_metrics(cluster: Cluster) -> None:
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
     goodput = next(r for r in rules if r["alert"] == "SpecDeploymentGoodputBelowTarget")
     assert goodput["expr"].endswith("< 0.95")  # the value file's target
+
+
+def test_the_prometheus_operator_loads_the_alerts_into_its_prometheus(cluster: Cluster) -> None:
+    """kube-prometheus-stack's path: the PrometheusRule, labelled as its `release` selects,
+    becomes a rule file of the Prometheus the operator configures, where every alert
+    evaluates without error."""
+    namespace = f"rules-{uuid.uuid4().hex[:8]}"
+    kubectl(cluster, "create", "namespace", namespace)
+    try:
+        args = template_args(VALUES / "monitoring.yaml", namespace=namespace)
+        out = helm(*args, "--set", "monitoring.prometheusRule.labels.release=kps").stdout
+        (rule,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "PrometheusRule"]
+        kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(rule))
+        want = {r["alert"] for group in rule["spec"]["groups"] for r in group["rules"]}
+
+        def evaluated() -> dict[str, str] | None:
+            data = cluster.prometheus("/api/v1/rules", url=cluster.kps_prometheus_url)
+            health = {
+                r["name"]: r["health"]
+                for group in data["groups"]
+                # the operator names the file <namespace>-<name>-<uid>.yaml
+                if f"/{namespace}-{rule['metadata']['name']}-" in group["file"]
+                for r in group["rules"]
+            }
+            return health if set(health) == want and "unknown" not in health.values() else None
+
+        health = wait_until("the alerts evaluated in the kps Prometheus", evaluated, timeout=120)
+        assert set(health.values()) == {"ok"}, health
+    finally:
+        kubectl(cluster, "delete", "namespace", namespace, "--wait=false")
 
 
 def test_dashboard_queries_parse_and_name_known_metrics(cluster: Cluster) -> None:

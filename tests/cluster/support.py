@@ -35,16 +35,18 @@ class Cluster:
 
     kubeconfig: Path
     api_server: str
-    prometheus_url: str
+    prometheus_url: str  # hand-configured: annotations, 2 s scrapes
+    kps_prometheus_url: str  # the Prometheus Operator's, as kube-prometheus-stack sets it up
 
     def api(self, kubeconfig: Path | None = None) -> client.ApiClient:
         """An API client, as the admin unless another kubeconfig is given."""
         return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
 
-    def prometheus(self, path: str, **params: str) -> Any:
-        """GET a Prometheus HTTP API path and return its `data`."""
+    def prometheus(self, path: str, url: str | None = None, **params: str) -> Any:
+        """GET a Prometheus HTTP API path (of the hand-configured one unless `url` says) and
+        return its `data`."""
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.prometheus_url}{path}{query}", timeout=10) as r:
+        with urllib.request.urlopen(f"{url or self.prometheus_url}{path}{query}", timeout=10) as r:
             body = json.load(r)
         assert body["status"] == "success", body
         return body["data"]
@@ -61,6 +63,7 @@ def read_cluster_env() -> Cluster:
         kubeconfig=Path(env["SPECTUNE_KUBECONFIG"]),
         api_server=env["SPECTUNE_API_SERVER"],
         prometheus_url=env["SPECTUNE_PROMETHEUS_URL"],
+        kps_prometheus_url=env["SPECTUNE_KPS_PROMETHEUS_URL"],
     )
 
 
@@ -174,9 +177,9 @@ def require_cluster_tools(bin_dir: Path, go: str | None) -> None:
         )
 
 
-def load_pod_runner() -> ModuleType:
-    """hack/pod_runner.py (a script, not a package module), imported for its pure functions."""
-    spec = importlib.util.spec_from_file_location("pod_runner", REPO / "hack" / "pod_runner.py")
+def load_script(name: str) -> ModuleType:
+    """hack/<name>.py (a script, not a package module), imported for its pure functions."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "hack" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

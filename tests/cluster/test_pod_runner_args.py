@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.support import load_pod_runner
+from tests.cluster.support import load_script
 
-runner = load_pod_runner()
+runner = load_script("pod_runner")
 
 
 def test_host_and_port_from_the_pod_are_dropped() -> None:

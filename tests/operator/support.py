@@ -75,12 +75,14 @@ def specdeployment(name: str, base: dict[str, Any] = MANUAL, **fields: Any) -> d
     }
 
 
-def kubectl(cluster: Cluster, *args: str) -> str:
+def kubectl(cluster: Cluster, *args: str, input: str | None = None) -> str:
+    """kubectl as the admin; its output, or CalledProcessError (with stderr) on failure."""
     out = subprocess.run(
         [str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), *args],
         capture_output=True,
         text=True,
         check=True,
+        input=input,
     )
     return out.stdout
 
@@ -227,8 +229,10 @@ def own_operator(
     prefix: str,
     priority: int,
     extra: Sequence[str] = (),
+    prometheus_url: str | None = None,
 ) -> Iterator[str]:
-    """A namespace watched by an operator of its own, reading the cluster's Prometheus (its own
+    """A namespace watched by an operator of its own, reading the cluster's Prometheus (the
+    hand-configured one unless `prometheus_url` names another; its own
     peering, so that operators of other test runs on this cluster neither pause it nor are
     paused by it; the operator makes the peering, as its RBAC allows). `priority` also picks
     its liveness port: operators running at once need different ones."""
@@ -239,7 +243,7 @@ def own_operator(
     running = start_operator(
         cluster, admin, tmp, yaml.safe_load(RULES.read_text()), priority=priority,
         extra=["--namespace", namespace, "--peering", peering,
-               "--prometheus-url", cluster.prometheus_url, *extra],
+               "--prometheus-url", prometheus_url or cluster.prometheus_url, *extra],
     )  # fmt: skip
     try:
         yield namespace

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,7 +33,6 @@ from .support import (
 )
 
 pytestmark = pytest.mark.cluster
-POD_MONITOR_CRD = Path(__file__).parent / "podmonitor-crd.yaml"
 
 
 def test_create_gives_children_status_and_events(cluster, admin, operator, namespace) -> None:
@@ -279,7 +277,7 @@ def test_the_log_is_quiet_about_resyncs(admin, operator, namespace) -> None:
 def test_pod_monitor_is_rendered_when_the_prometheus_operator_crd_exists(
     cluster, admin, operator, namespace
 ) -> None:
-    kubectl(cluster, "apply", "--server-side", "-f", str(POD_MONITOR_CRD))
+    # the CRD is the Prometheus Operator's own, which hack/cluster.sh installs
     create(admin, namespace, specdeployment("llm"))
     custom = client.CustomObjectsApi(admin)
     wait_until(

@@ -8,7 +8,13 @@ import pytest
 from spectune.engine import contract as c
 from spectune.engine.crossover import ModeStats
 from spectune.operator.observations import EngineInfo
-from spectune.operator.window import PerPod, bucket_quantile, fleet_window, steady_prefill_excess
+from spectune.operator.window import (
+    PerPod,
+    bucket_quantile,
+    fleet_window,
+    freshness,
+    steady_prefill_excess,
+)
 
 
 def info(pod: str, device: str) -> EngineInfo:
@@ -66,3 +72,16 @@ def test_spec_steps_keep_only_their_steady_share_of_the_draft_prefill() -> None:
     assert steps[("spec", 8)].seconds == pytest.approx(0.9)  # 1.0 - 0.2 x 100/200
     assert steps[("plain", 8)].seconds == pytest.approx(0.5)
     assert steady_prefill_excess(0.2, 100, 0) == 0.0  # speculating throughout: all of it stays
+
+
+@pytest.mark.parametrize(
+    ("interval", "expected"),
+    [(None, (30.0, 15.0)), (2.0, (30.0, 15.0)), (15.0, (45.0, 30.0)), (60.0, (180.0, 120.0))],
+)
+def test_staleness_and_warm_up_stretch_to_the_scrape_interval(
+    interval: float | None, expected: tuple[float, float]
+) -> None:
+    """At fast scrapes the configured 30 s / 15 s hold; at slow ones a series is fresh for three
+    intervals and warm after two (a counter's two samples)."""
+    assert freshness(30.0, 15.0, interval) == expected
+    assert freshness(30.0, 0.0, interval)[1] == 0.0  # no warm-up asked: none added
