@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         "chart's monitoring.podMonitor: engines would be scraped twice)",
     )
     run.add_argument(
+        "--scrape-annotations",
+        action="store_true",
+        help="annotate engine pods with prometheus.io/scrape, -port and -path even where the "
+        "cluster serves PodMonitors (by default only where it does not, so that engines are "
+        "scraped once): for a Prometheus that discovers pods by annotation",
+    )
+    run.add_argument(
         "--pod-monitor-label",
         dest="pod_monitor_labels",
         action="append",
@@ -206,6 +213,7 @@ def _run(args: argparse.Namespace) -> int:
             prometheus_url=args.prometheus_url,
             prometheus_labels=labels,
             pod_monitors=pod_monitor_settings(args),
+            scrape_annotations=args.scrape_annotations,
             exploration_lease=args.exploration_lease,
         ),
     )

@@ -63,15 +63,21 @@ def children(
     spec: SpecDeploymentSpec,
     config: dict,
     pod_monitor: render.PodMonitorSettings | None = render.DEFAULT_POD_MONITOR,
+    monitors_served: bool = False,
+    scrape_annotations: bool = False,
 ) -> list[dict]:
-    """The objects a SpecDeployment owns; a PodMonitor unless `pod_monitor` is None (one for
-    every engine exists: engines would be scraped twice) or the cluster has no such kind."""
+    """The objects a SpecDeployment owns. Where the cluster serves PodMonitors
+    (`monitors_served`), a PodMonitor scrapes the engines: ours unless `pod_monitor` is None
+    (one for every engine exists, the chart's), and the pods carry no scrape annotations, so
+    that nothing scrapes them twice, unless `scrape_annotations` asks for them anyway (a
+    Prometheus that discovers by annotation next to the Prometheus Operator's CRDs)."""
+    annotate = scrape_annotations or not monitors_served
     objs = [
         render.config_map(name, namespace, config),
-        render.deployment(name, namespace, spec, config),
+        render.deployment(name, namespace, spec, config, scrape_annotations=annotate),
         render.service(name, namespace, spec),
     ]
-    if pod_monitor and kube.api_available("monitoring.coreos.com/v1", "PodMonitor"):
+    if pod_monitor and monitors_served:
         objs.append(render.pod_monitor(name, namespace, pod_monitor))
     return objs
 
@@ -188,8 +194,15 @@ def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
     for event in result.events:
         post = kopf.warn if event.warning else kopf.info
         post(body, reason=event.reason, message=event.message)
-    pod_monitor = memo.get("pod_monitors", render.DEFAULT_POD_MONITOR)
-    for child in children(name, namespace, desired, result.config, pod_monitor=pod_monitor):
+    for child in children(
+        name,
+        namespace,
+        desired,
+        result.config,
+        pod_monitor=memo.get("pod_monitors", render.DEFAULT_POD_MONITOR),
+        monitors_served=kube.api_available("monitoring.coreos.com/v1", "PodMonitor"),
+        scrape_annotations=memo.get("scrape_annotations", False),
+    ):
         _apply_child(body, child)
     push(name, namespace, result.engines)
     log.debug("%s/%s: turn committed (%s)", namespace, name, result.state.calibration.phase)

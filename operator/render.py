@@ -142,9 +142,15 @@ def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
 
 
 def deployment(
-    name: str, namespace: str, spec: SpecDeploymentSpec, config: dict[str, Any]
+    name: str,
+    namespace: str,
+    spec: SpecDeploymentSpec,
+    config: dict[str, Any],
+    scrape_annotations: bool = True,
 ) -> dict[str, Any]:
-    """The engine Deployment; `config` is the engine_config() its ConfigMap carries."""
+    """The engine Deployment; `config` is the engine_config() its ConfigMap carries. Its pods
+    carry the prometheus.io/* annotations that annotation discovery scrapes by only with
+    `scrape_annotations`: where a PodMonitor scrapes them too, they would be scraped twice."""
     port = spec.engine.port
     names = child_names(name)
     container = {
@@ -182,12 +188,14 @@ def deployment(
     }
     if spec.engine.nodeSelector:
         pod_spec["nodeSelector"] = dict(spec.engine.nodeSelector)
-    annotations = spec.engine.podAnnotations | {  # ours win: scraping and rollouts rely on them
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(port),
-        "prometheus.io/path": "/metrics",
-        CONFIG_HASH_ANNOTATION: start_config_hash(config),
-    }
+    ours = {CONFIG_HASH_ANNOTATION: start_config_hash(config)}
+    if scrape_annotations:
+        ours |= {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics",
+        }
+    annotations = spec.engine.podAnnotations | ours  # ours win: scraping and rollouts rely on them
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

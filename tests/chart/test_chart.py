@@ -215,6 +215,21 @@ def test_the_operators_pod_monitors_get_the_labels_a_prometheus_selects_by(
     assert not [a for a in _container(render())["args"] if a.startswith("--pod-monitor-label")]
 
 
+def test_scrape_annotations_is_off_by_default_and_reaches_the_operator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from spectune.operator import cli
+
+    assert "--scrape-annotations" not in _container(render())["args"]
+    out = helm(*_template("--set", "monitoring.scrapeAnnotations=true")).stdout
+    args = _container([d for d in yaml.safe_load_all(out) if d])["args"]
+    seen = []
+    monkeypatch.setattr(cli, "_run", lambda parsed: seen.append(parsed.scrape_annotations))
+    cli.main(["run", *(a for a in args if a == "--scrape-annotations")])
+    cli.main(["run"])
+    assert seen == [True, False]
+
+
 @pytest.mark.parametrize("name", sorted(INVALID_FIELDS))
 def test_schema_rejects_invalid_values_naming_the_field(name: str) -> None:
     path = INVALID / name

@@ -277,7 +277,10 @@ def test_the_log_is_quiet_about_resyncs(admin, operator, namespace) -> None:
 def test_pod_monitor_is_rendered_when_the_prometheus_operator_crd_exists(
     cluster, admin, operator, namespace
 ) -> None:
-    # the CRD is the Prometheus Operator's own, which hack/cluster.sh installs
+    """The CRD is the Prometheus Operator's own, which hack/cluster.sh installs. With a
+    PodMonitor in use the engine pods carry no scrape annotations: the local Prometheus, which
+    scrapes annotated pods, finds them only as engines (its job standing for the PodMonitor),
+    so each is scraped once."""
     create(admin, namespace, specdeployment("llm"))
     custom = client.CustomObjectsApi(admin)
     wait_until(
@@ -290,3 +293,17 @@ def test_pod_monitor_is_rendered_when_the_prometheus_operator_crd_exists(
             namespace,
         ),
     )
+    pods = wait_until("2 ready engines", lambda: all_ready(admin, namespace, "llm", 2), 120)
+    for pod in pods:
+        assert not [a for a in pod.metadata.annotations or {} if a.startswith("prometheus.io/")]
+
+    def scraped_once() -> dict[str, list[str]] | None:
+        targets = cluster.prometheus("/api/v1/targets", state="active")["activeTargets"]
+        pools = {p.metadata.name: [] for p in pods}
+        for t in targets:
+            if t["labels"].get("namespace") == namespace and t["labels"].get("pod") in pools:
+                pools[t["labels"]["pod"]].append(t["scrapePool"])
+        return pools if all(pools.values()) else None
+
+    pools = wait_until("the engines scraped", scraped_once, timeout=60)
+    assert all(p == ["spectune-engines"] for p in pools.values()), pools

@@ -171,5 +171,35 @@ def test_no_engine_pod_monitors_leaves_the_pod_monitor_out() -> None:
     from spectune.operator import handlers
 
     config = render.engine_config(SPEC, 12, 2)
-    objs = handlers.children("llm", "ns", SPEC, config, pod_monitor=None)
+    objs = handlers.children("llm", "ns", SPEC, config, pod_monitor=None, monitors_served=True)
     assert [o["kind"] for o in objs] == ["ConfigMap", "Deployment", "Service"]
+    assert not scrape_annotations(objs)  # the chart's PodMonitor scrapes them
+
+
+def scrape_annotations(objs: list[dict]) -> dict[str, str]:
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    return {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")}
+
+
+@pytest.mark.parametrize(
+    ("served", "asked", "monitor", "annotated"),
+    [(True, False, True, False), (False, False, False, True), (True, True, True, True)],
+    ids=["podmonitors-served", "no-podmonitor-crd", "annotations-asked-for"],
+)
+def test_engines_are_scraped_once_by_a_pod_monitor_or_by_annotation(
+    served: bool, asked: bool, monitor: bool, annotated: bool
+) -> None:
+    """Where the cluster serves PodMonitors, one scrapes the engines and the pods carry no
+    prometheus.io annotations (both would scrape every engine twice); without the CRD the
+    annotations are the way; `--scrape-annotations` adds them anyway."""
+    from spectune.operator import handlers
+
+    config = render.engine_config(SPEC, 12, 2)
+    objs = handlers.children(
+        "llm", "ns", SPEC, config, monitors_served=served, scrape_annotations=asked
+    )
+    assert ("PodMonitor" in [o["kind"] for o in objs]) == monitor
+    expected = {"prometheus.io/scrape": "true", "prometheus.io/port": "8100",
+                "prometheus.io/path": "/metrics"}  # fmt: skip
+    assert scrape_annotations(objs) == (expected if annotated else {})
