@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from spectune.sim.results import Run
 from spectune.sim.run import simulate
 from tests.sim.support import BASE, scenario
@@ -84,6 +86,7 @@ def test_a_load_fall_is_named_and_the_crossover_measured_busy_stands() -> None:
     assert len(changes(r)) == 1  # the busy measurement's threshold only
 
 
+@pytest.mark.slow  # about 21 s: 15 minutes of load waves, an HPA moving 2-6 pods
 def test_an_hpa_that_keeps_each_pods_load_starts_no_replica_calibration() -> None:
     """Load waves (x1.8, x0.6, x1.5) and an HPA on running requests moving 2-6 pods: each pod's
     batches stay within those measured, so no replica change re-measures. Before the replica
