@@ -24,7 +24,7 @@ from spectune.operator import autotune, engines, kube, logs, metrics, render, tu
 from spectune.operator.fleet_memory import record_window
 from spectune.operator.models import GROUP, KIND, PLURAL, VERSION, SpecDeploymentSpec, parse_spec
 from spectune.operator.prometheus import PrometheusReader, Selector
-from spectune.operator.scraping import why_unscraped
+from spectune.operator.scraping import TargetsCache, why_unscraped
 
 RESYNC_SECONDS = 10.0
 # A conflict (another writer moved the object since it was read): the next turn comes soon.
@@ -102,6 +102,12 @@ def prometheus(url: str) -> PrometheusReader:
     return PrometheusReader(url)
 
 
+@cache
+def targets_of(url: str) -> TargetsCache:
+    """One targets cache per Prometheus, for every SpecDeployment read from it."""
+    return TargetsCache()
+
+
 def observe(
     memo: kopf.Memo,
     name: str,
@@ -124,7 +130,13 @@ def observe(
         memo.get("traffic", []),
         selector.matchers(),
         interval,
-        lambda pods: why_unscraped(reader.targets(), pods, namespace, name, selector.labels),
+        lambda pods: why_unscraped(
+            targets_of(memo.prometheus_url).get(now.timestamp(), reader.targets),
+            pods,
+            namespace,
+            name,
+            selector.labels,
+        ),
     )
     memo.scrape_interval = seen.scrape_interval_or(interval)
     return seen

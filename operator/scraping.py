@@ -6,13 +6,18 @@ the targets, this names the cause the MetricsAvailable condition shows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spectune.operator.observations import LabelNames
 
 # What Kubernetes pod discovery knows of a target before relabeling.
 POD_META, NAMESPACE_META = "__meta_kubernetes_pod_name", "__meta_kubernetes_namespace"
+# How long one answer of the targets API serves every SpecDeployment that asks: it lists every
+# target of the Prometheus (large on a big one), and each deployment with an overdue pod asks
+# every turn. A pod discovered since shows as "no target" for at most this long.
+TARGETS_TTL_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,25 @@ class ScrapeTarget:
     health: str = "unknown"  # up, down or unknown
     error: str = ""  # the last scrape's error
     dropped: bool = False  # discovered, then dropped by relabeling
+
+
+class TargetsCache:
+    """Prometheus's targets, fetched at most once per `ttl` seconds, shared by the turns of
+    every SpecDeployment (their threads)."""
+
+    def __init__(self, ttl: float = TARGETS_TTL_SECONDS) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._targets: list[ScrapeTarget] = []
+
+    def get(self, now: float, fetch: Callable[[], list[ScrapeTarget]]) -> list[ScrapeTarget]:
+        """The cached answer while younger than the ttl at `now` (seconds), else `fetch()`'s
+        (a failed fetch raises and caches nothing)."""
+        with self._lock:
+            if self._at is None or not 0 <= now - self._at < self.ttl:
+                self._targets, self._at = fetch(), now
+            return self._targets
 
 
 def why_unscraped(

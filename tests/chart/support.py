@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,13 @@ from tests.cluster.support import REPO
 
 HELM = REPO / ".local" / "bin" / "helm"
 CHART = REPO / "charts" / "spectune"
+DASHBOARD = json.loads((CHART / "files" / "dashboards" / "spectune.json").read_text())
+# What Grafana substitutes before a query reaches Prometheus.
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "1m",
+    "$namespace": "default",
+    "$specdeployment": ".*",
+}
 VALUES = Path(__file__).parent / "values"
 INVALID = Path(__file__).parent / "invalid"
 KUBE_VERSION = "1.37.2"  # the local cluster's; the chart requires >= 1.30
@@ -56,3 +65,25 @@ def find(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> list
 def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
     (found,) = find(objs, kind, name)
     return found
+
+
+def dashboard_exprs(variables: dict[str, str] | None = None) -> dict[str, str]:
+    """Each dashboard query (panel title and legend, or the variable's name) -> its PromQL, with
+    Grafana's variables replaced by `variables` (default GRAFANA_VARIABLES)."""
+    exprs = {
+        f"{p['title']}: {t.get('legendFormat', '')}": t["expr"]
+        for p in DASHBOARD["panels"]
+        for t in p["targets"]
+    }
+    for variable in DASHBOARD["templating"]["list"]:
+        if variable["type"] == "query":  # label_values(SELECTOR, label): Grafana's, not PromQL
+            match = re.fullmatch(r"label_values\((.+), \w+\)", variable["query"]["query"])
+            assert match, variable
+            exprs[f"variable {variable['name']}"] = match[1]
+    out = {}
+    for what, expr in exprs.items():
+        for name, value in (variables or GRAFANA_VARIABLES).items():
+            expr = expr.replace(name, value)
+        assert "$" not in expr, expr
+        out[what] = expr
+    return out

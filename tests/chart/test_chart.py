@@ -37,6 +37,7 @@ INVALID_FIELDS = {
     "port-string.yaml": "/operator/metricsPort",
     "unknown-key.yaml": "'intervall' not allowed",
     "goodput-target-above-one.yaml": "/monitoring/prometheusRule/goodputTarget",
+    "min-requests-zero.yaml": "/monitoring/prometheusRule/minRequests",
     "namespace-uppercase.yaml": "/operator/watchNamespaces/0",
     "prometheus-url-no-scheme.yaml": "/operator/prometheusUrl",
 }

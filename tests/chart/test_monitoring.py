@@ -4,8 +4,6 @@ Prometheus Operator into the Prometheus it configures; the dashboard is a Grafan
 
 from __future__ import annotations
 
-import json
-import re
 import urllib.error
 import uuid
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from tests.cluster.support import Cluster
 from tests.operator.support import kubectl
 from tests.support.waiting import wait_until
 
-from .support import CHART, VALUES, helm, one, render, template_args
+from .support import DASHBOARD, VALUES, dashboard_exprs, helm, one, render, template_args
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("helm_binary")]
 
@@ -33,13 +31,6 @@ KNOWN = (
     | {f"{h}_{suffix}" for h in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
     | set(metrics.ALL_METRICS)
 )
-# What Grafana substitutes before a query reaches Prometheus.
-GRAFANA_VARIABLES = {
-    "$__rate_interval": "1m",
-    "$namespace": "default",
-    "$specdeployment": ".*",
-}
-DASHBOARD = json.loads((CHART / "files" / "dashboards" / "spectune.json").read_text())
 
 
 def selectors(node: Any) -> Iterator[str]:
@@ -61,22 +52,6 @@ def parse(cluster: Cluster, expr: str) -> set[str]:
     return names
 
 
-def dashboard_exprs() -> list[str]:
-    exprs = [t["expr"] for p in DASHBOARD["panels"] for t in p["targets"]]
-    for variable in DASHBOARD["templating"]["list"]:
-        if variable["type"] == "query":  # label_values(SELECTOR, label): Grafana's, not PromQL
-            match = re.fullmatch(r"label_values\((.+), \w+\)", variable["query"]["query"])
-            assert match, variable
-            exprs.append(match[1])
-    out = []
-    for expr in exprs:
-        for name, value in GRAFANA_VARIABLES.items():
-            expr = expr.replace(name, value)
-        assert "$" not in expr, expr
-        out.append(expr)
-    return out
-
-
 def alert_rules() -> list[dict[str, Any]]:
     rule = one(render(VALUES / "monitoring.yaml"), "PrometheusRule")
     return [r for group in rule["spec"]["groups"] for r in group["rules"]]
@@ -95,7 +70,12 @@ def test_alerts_parse_and_name_known_metrics(cluster: Cluster) -> None:
         assert parse(cluster, rule["expr"]) <= KNOWN, rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
     goodput = next(r for r in rules if r["alert"] == "SpecDeploymentGoodputBelowTarget")
-    assert goodput["expr"].endswith("< 0.95")  # the value file's target
+    assert "< 0.95)" in goodput["expr"]  # the value file's target
+    assert goodput["expr"].endswith(">= 100")  # judged from the default minimum of requests
+    for name in ("SpecDeploymentDegraded", "SpecDeploymentEnginesNotScraped"):
+        condition = next(r for r in rules if r["alert"] == name)
+        # one alert per SpecDeployment, however many operator replicas export the condition
+        assert condition["expr"].startswith("max by (namespace, specdeployment, reason)")
 
 
 def test_the_prometheus_operator_loads_the_alerts_into_its_prometheus(cluster: Cluster) -> None:
@@ -130,7 +110,7 @@ def test_the_prometheus_operator_loads_the_alerts_into_its_prometheus(cluster: C
 
 def test_dashboard_queries_parse_and_name_known_metrics(cluster: Cluster) -> None:
     used: set[str] = set()
-    for expr in dashboard_exprs():
+    for expr in dashboard_exprs().values():
         names = parse(cluster, expr)
         assert names <= KNOWN, (expr, names - KNOWN)
         used |= names

@@ -30,6 +30,7 @@ from spectune.operator.prometheus import (
     PrometheusUnavailable,
     Selector,
 )
+from tests.chart.support import dashboard_exprs
 from tests.cluster.support import ENGINE_LABEL, LOCAL, Cluster, is_loopback
 from tests.server.metrics_text import parse, total
 from tests.support.ports import free_port
@@ -334,7 +335,9 @@ def scraped_twice(tmp_path: Path, engine_pod: Any) -> Iterator[str]:
 
 @pytest.mark.cluster
 def test_a_pod_two_jobs_scrape_counts_once(engine_pod: Any, scraped_twice: str) -> None:
-    """Requests and decode steps as the engine counted them, not twice that."""
+    """Requests and decode steps as the engine counted them, not twice that; and every query
+    of the chart's dashboard answers (a join on the engine's info series that two jobs double
+    would fail as many-to-many), its per-SKU panels grouped by the engine's device."""
     reader, mine = (
         PrometheusReader(scraped_twice),
         Selector(engine_pod.metadata.namespace, INSTANCE),
@@ -360,6 +363,17 @@ def test_a_pod_two_jobs_scrape_counts_once(engine_pod: Any, scraped_twice: str) 
     assert window.traffic.requests is not None and window.traffic.requests <= 1.3 * sent
     (stats,) = window.steps.values()
     assert sum(s.steps for s in stats.values()) == pytest.approx(ran, rel=0.3)
+
+    variables = {"$__rate_interval": "1m", "$namespace": engine_pod.metadata.namespace,
+                 "$specdeployment": INSTANCE}  # fmt: skip
+    queries = dashboard_exprs(variables)
+    answers = {what: reader.client.custom_query(expr) for what, expr in queries.items()}
+    (device,) = {info.device for info in window.engines.values()}
+    per_sku = [what for what in answers if "SKU" in what and "crossover" not in what]
+    assert len(per_sku) == 2, per_sku  # step throughput and speedup
+    for what in per_sku:
+        assert answers[what], what
+        assert {r["metric"]["device"] for r in answers[what]} == {device}, answers[what]
 
 
 class Later(PrometheusReader):

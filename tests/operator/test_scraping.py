@@ -7,9 +7,15 @@ from typing import Any
 
 import pytest
 
-from spectune.operator.observations import LabelNames
+from spectune.operator.observations import LabelNames, MetricsUnavailable
 from spectune.operator.prometheus import PrometheusReader, PrometheusUnavailable
-from spectune.operator.scraping import NAMESPACE_META, POD_META, ScrapeTarget, why_unscraped
+from spectune.operator.scraping import (
+    NAMESPACE_META,
+    POD_META,
+    ScrapeTarget,
+    TargetsCache,
+    why_unscraped,
+)
 
 NS, SD = "team-a", "llm"
 FOUND = {POD_META: "llm-0", NAMESPACE_META: NS}
@@ -68,3 +74,28 @@ def test_the_reader_takes_active_and_dropped_targets() -> None:
     for garbage in ({"activeTargets": [{}]}, [], {"droppedTargets": []}):
         with pytest.raises(PrometheusUnavailable, match="not a targets answer"):
             PrometheusReader("http://unused", client=Targets(garbage)).targets()
+
+
+def test_the_targets_answer_is_fetched_once_per_ttl_and_a_failure_is_not_cached() -> None:
+    """Every overdue deployment asks each turn; Prometheus answers at most once per ttl."""
+    fetched: list[float] = []
+    cache = TargetsCache(ttl=30.0)
+
+    def fetch() -> list[ScrapeTarget]:
+        fetched.append(now)
+        return [ScrapeTarget(f"pool-{len(fetched)}")]
+
+    for now in (100.0, 110.0, 129.9):
+        assert cache.get(now, fetch) == [ScrapeTarget("pool-1")]
+    now = 130.0
+    assert cache.get(now, fetch) == [ScrapeTarget("pool-2")]
+    now = 50.0  # a clock that went back: fetch again rather than trust the future
+    assert cache.get(now, fetch) == [ScrapeTarget("pool-3")]
+    assert fetched == [100.0, 130.0, 50.0]
+
+    def down() -> list[ScrapeTarget]:
+        raise MetricsUnavailable("targets: connection refused")
+
+    with pytest.raises(MetricsUnavailable):
+        cache.get(200.0, down)
+    assert cache.get(201.0, fetch) == [ScrapeTarget("pool-4")]
