@@ -6,8 +6,9 @@
 #
 # Two Prometheus servers, for two setups users run:
 # - "prometheus" (SPECTUNE_PROMETHEUS_URL) has a hand-written configuration
-#   (hack/cluster/prometheus.yml.in): pods found by their prometheus.io/* annotations, scraped
-#   every 2 s so that the tests' and the demo's short calibration windows hold enough scrapes.
+#   (hack/cluster/prometheus.yml.in): pods found by their prometheus.io/* annotations, and
+#   engine pods without them as a PodMonitor would find them, scraped every 2 s so that the
+#   tests' and the demo's short calibration windows hold enough scrapes.
 #   The tests and the demo that watch the autotuner decide use it.
 # - "prometheus-kps" (SPECTUNE_KPS_PROMETHEUS_URL) runs what the Prometheus Operator generates
 #   from a Prometheus object shaped as kube-prometheus-stack's (hack/cluster/prometheus-kps.yaml.in:
