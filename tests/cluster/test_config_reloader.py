@@ -65,6 +65,7 @@ def test_every_job_ends_keeping_only_loopback_addresses() -> None:
     for job, given in zip(out["scrape_configs"], GENERATED["scrape_configs"], strict=True):
         assert job["relabel_configs"][:-1] == given.get("relabel_configs", [])
         assert job["relabel_configs"][-1] == reloader.LOOPBACK_KEEP
+    # strings matched against the rule's regex only: nothing here dials an address
     keep = re.compile(reloader.LOOPBACK_KEEP["regex"])
     assert keep.fullmatch("127.0.1.7:8000") and keep.fullmatch("127.0.0.1")
     assert not keep.fullmatch("10.0.0.1:8000") and not keep.fullmatch("1127.0.0.1:80")
