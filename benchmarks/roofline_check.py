@@ -2,7 +2,8 @@
 
 Builds random-weight models with the virtual target's and draft's shapes (Llama 3.1 8B and
 Llama 3.2 1B), runs our own engine's forwards through ModelRunner on CUDA (paged KV cache,
-CUDA graphs for one-token batches, as the engine serves), and prints per batch size the
+CUDA graphs for every decode shape, as the engine serves: the plain step, the verify forward
+and the draft's k forwards as one greedy chain), and prints per batch size the
 measured and the modelled seconds of a plain step, a verify forward and the k draft
 forwards, then the speedup at a given acceptance and both crossovers. Weights are random
 (normal init, never zeros): only the time is of interest, and it does not depend on them.
@@ -16,7 +17,9 @@ import argparse
 import itertools
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,11 +45,13 @@ DRAFT = ModelConfig(
 BLOCK = 16
 
 
-def runner(cfg: ModelConfig, batch: int, context: int, k: int) -> ModelRunner:
+def runner(cfg: ModelConfig, batch: int, context: int, k: int, compile: bool) -> ModelRunner:
     with torch.device("cuda"):
         model = Transformer(cfg).to(torch.bfloat16).eval()
     per_seq = -(-(context + k + 1) // BLOCK)
-    return ModelRunner(model, batch * per_seq + 1, BLOCK, context + k + 1, cuda_graphs=True)
+    return ModelRunner(
+        model, batch * per_seq + 1, BLOCK, context + k + 1, cuda_graphs=True, compile_layers=compile
+    )
 
 
 def feeds(batch: int, context: int, width: int, per_seq: int) -> list[Feed]:
@@ -57,14 +62,14 @@ def feeds(batch: int, context: int, width: int, per_seq: int) -> list[Feed]:
     ]
 
 
-def median_seconds(run: ModelRunner, fed: list[Feed], all_logits: bool, repeats: int) -> float:
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
     for _ in range(3):
-        run.forward(fed, all_logits)
+        run()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        run.forward(fed, all_logits)
+        run()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
@@ -90,29 +95,30 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16,32,64,96,128,192,256")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--compile", action="store_true", help="torch.compile each layer")
     args = parser.parse_args()
     sku, k, ctx = SKUS[args.sku], args.k, args.context
     batches = [int(b) for b in args.batches.split(",")]
     largest, per_seq = max(batches), -(-(ctx + k + 1) // BLOCK)
     torch.manual_seed(0)
-    target, draft = runner(TARGET, largest, ctx, k), runner(DRAFT, largest, ctx, k)
+    target = runner(TARGET, largest, ctx, k, args.compile)
+    draft = runner(DRAFT, largest, ctx, k, args.compile)
     tokens = expected_tokens(args.acceptance, k)
     rows = []
     print(
         f"{torch.cuda.get_device_name()} vs simulated {args.sku}: Llama-8B shapes, 1B draft, "
         f"bf16, context {ctx}, k {k}, acceptance {args.acceptance}"
+        f"{', layers compiled' if args.compile else ''}"
     )
     print(
         "batch | plain ms real/model | verify ms real/model | k drafts ms real/model | "
         "speedup real/model"
     )
     for b in batches:
-        plain = median_seconds(target, feeds(b, ctx, 1, per_seq), False, args.repeats)
-        verify = median_seconds(target, feeds(b, ctx, k + 1, per_seq), True, args.repeats)
-        drafts = sum(
-            median_seconds(draft, feeds(b, ctx + i, 1, per_seq), False, args.repeats)
-            for i in range(k)
-        )
+        one, wide = feeds(b, ctx, 1, per_seq), feeds(b, ctx, k + 1, per_seq)
+        plain = median_seconds(partial(target.forward, one, False), args.repeats)
+        verify = median_seconds(partial(target.forward, wide, True), args.repeats)
+        drafts = median_seconds(partial(draft.greedy_chain, one, k), args.repeats)
         contexts = [ctx] * b
         m_plain = plain_step(sku, LLAMA_8B, contexts)
         m_spec = spec_step(sku, LLAMA_8B, LLAMA_1B, k, contexts)

@@ -28,6 +28,7 @@ class EngineConfig:
     device: str | None = None  # default: cuda when available
     dtype: str | None = None  # default: float32 on the CPU, bfloat16 on CUDA
     cuda_graphs: bool = True
+    compile: bool = False  # CUDA: torch.compile each decoder layer (fuses its small ops)
     ngram_min: int = 1
     ngram_max: int = 3
     min_acceptance: float = 0.2  # a sequence below this recent acceptance pauses speculation

@@ -72,6 +72,14 @@ class ModelDrafter:
 
         return catch_up(seqs, read)
 
+    @staticmethod
+    def _chains(seqs: list[Sequence], ks: list[int], active: list[int]) -> bool:
+        """Greedy rows all drafting the same k: the whole loop runs on the device
+        (ModelRunner.greedy_chain). Sampled drafts need each row's generator on the host."""
+        return len({ks[i] for i in active}) == 1 and all(
+            seqs[i].params.temperature == 0 for i in active
+        )
+
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         drafts = [Draft([], None) for _ in seqs]
         active = [i for i, k in enumerate(ks) if k > 0]
@@ -87,6 +95,12 @@ class ModelDrafter:
         for i in active:
             seqs[i].draft_cached = len(seqs[i])
             seqs[i].plain_unread = 0
+        if active and self._chains(seqs, ks, active):
+            chosen = self.runner.greedy_chain(feeds, ks[active[0]]).tolist()
+            for i, tokens in zip(active, chosen, strict=True):
+                drafts[i].tokens = tokens
+                seqs[i].draft_cached += len(tokens) - 1
+            return drafts
         while active:
             logits = self.runner.forward(feeds, all_logits=False)[:, 0]
             batch = [seqs[i] for i in active]

@@ -156,6 +156,7 @@ class LLMEngine:
             self.config.block_size,
             self.max_model_len,
             self.config.cuda_graphs,
+            compile_layers=self.config.compile,
         )
 
     # --- requests -----------------------------------------------------------------

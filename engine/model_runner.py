@@ -1,8 +1,11 @@
 """Everything on the device: the model, its paged KV cache, batch tensors, CUDA graphs.
 
 Sequences never reach the model: a `Feed` says which tokens to run from which position
-into which blocks, and the runner turns a list of feeds into padded tensors. On CUDA,
-single-token decode batches replay a CUDA graph captured lazily per padded batch size.
+into which blocks, and the runner turns a list of feeds into padded tensors. On CUDA, every
+decode shape replays a CUDA graph captured lazily per padded batch size and width: plain
+steps (one token), verify forwards (k + 1), the draft's first forward and its whole greedy
+loop (`greedy_chain`). Only prefills and catch-ups, wider than MAX_STATIC_WIDTH, run eagerly:
+at batch 1 an eager verify cost 2x a graphed plain step on an H200, all of it launches.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from spectune.engine.block_manager import blocks_for
 from spectune.engine.model import PagedBatch, Transformer
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MAX_STATIC_WIDTH = 9  # tokens per sequence in a graphed forward: a verify at k up to 8
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,28 @@ def _column_major_linears(model: Transformer) -> None:
             module.weight.data = module.weight.data.t().contiguous().t()
 
 
+def _compile_layers(model: Transformer) -> None:
+    """torch.compile each decoder layer: its norms, rotary, residual adds and SwiGLU become a
+    few fused kernels around the matmuls. An H200 profile of the 8B plain step at batch 1
+    (benchmarks/step_profile.py) found the matmuls reading the weights at 84% of HBM
+    bandwidth but the whole step at 57%: some 600 small kernels took the rest. One layer's
+    code serves every layer (and both models), so the limit on recompilations is raised to
+    cover the shapes the graphs capture (batch and width of 1 are specialised)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    for layer in model.layers:
+        layer.compile(dynamic=True, fullgraph=True)
+
+
 @dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
+class _Static:
+    """One fixed-shape forward: its input buffers, and on CUDA the graph that reads them.
+
+    Every tensor the graph reads must outlive it: a freed one's memory is reused and
+    replays read whatever lands there (seen on an H200: gather indices out of bounds).
+    """
+
     inputs: dict[str, Tensor]
-    logits: Tensor
+    run: Callable[[], Tensor]  # eager: computes the output; graphed: replays, returns it
 
 
 class ModelRunner:
@@ -64,10 +85,17 @@ class ModelRunner:
         block_size: int,
         max_model_len: int,
         cuda_graphs: bool,
+        static_shapes: bool = False,
+        compile_layers: bool = False,
     ) -> None:
+        """cuda_graphs: on CUDA, replay a graph per padded shape. static_shapes: run those
+        padded shapes eagerly on any device (how the CPU tests prove them lossless).
+        compile_layers: on CUDA, fuse each decoder layer's small ops (see _compile_layers)."""
         self.model = model
         if model.embed_tokens.weight.device.type == "cpu":
             _column_major_linears(model)
+        elif compile_layers:
+            _compile_layers(model)
         cfg = model.config
         weight = model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
@@ -82,32 +110,86 @@ class ModelRunner:
         ]
         self.max_blocks = blocks_for(max_model_len, block_size)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
-        self._graphs: dict[int, _Graph] = {}
+        self.static_shapes = self.use_graphs or static_shapes
+        self._statics: dict[tuple, _Static] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.on_forward: Callable[[list[Feed]], None] | None = None  # a simulated device's meter
+
+    @property
+    def shapes(self) -> list[tuple]:
+        """The fixed shapes built so far (graphs, on CUDA): ("forward", batch bucket, width,
+        all_logits) or ("chain", batch bucket, width, steps)."""
+        return list(self._statics)
 
     @torch.inference_mode()
     def forward(self, feeds: list[Feed], all_logits: bool) -> Tensor:
         """Logits [B, M, V] in float32: at every fed position, or at each feed's last one."""
         longest = max(len(f.tokens) for f in feeds)
-        if self.use_graphs and longest == 1 and len(feeds) <= GRAPH_BATCH_SIZES[-1]:
-            logits = self._replay(feeds)
+        if self._fits_static(feeds, longest):
+            key = ("forward", _bucket(len(feeds)), longest, all_logits)
+            logits = self._launch(key, feeds, longest)[: len(feeds)]
         else:
             ids, pos, slots, tables = self._prepare(feeds, longest)
             index = None
             if not all_logits:
-                last = [len(f.tokens) - 1 for f in feeds]
-                index = torch.tensor(last, device=self.device).unsqueeze(1)
+                index = torch.tensor(_last(feeds), device=self.device).unsqueeze(1)
             logits = self._run(ids, pos, slots, tables, index)
         if self.on_forward is not None:
             self.on_forward(feeds)
         return logits
+
+    @torch.inference_mode()
+    def greedy_chain(self, feeds: list[Feed], steps: int) -> Tensor:
+        """[B, steps] greedy tokens: the argmax after each feed's last token, then `steps - 1`
+        one-token forwards, each fed the token before it; one graph on CUDA, one host sync.
+
+        The draft loop of a greedy batch: the n-th token goes to position last + n of its
+        sequence, whose block table must already hold it.
+        """
+        longest = max(len(f.tokens) for f in feeds)
+        if self._fits_static(feeds, longest):
+            key = ("chain", _bucket(len(feeds)), longest, steps)
+            tokens = self._launch(key, feeds, longest)[: len(feeds)]
+        else:
+            ids, pos, slots, tables = self._prepare(feeds, longest)
+            index = torch.tensor(_last(feeds), device=self.device).unsqueeze(1)
+            tokens = self._chain(ids, pos, slots, tables, index, steps)
+        if self.on_forward is not None:
+            self.on_forward(feeds)
+            for n in range(1, steps):
+                self.on_forward([Feed([0], f.start + len(f.tokens) - 1 + n, []) for f in feeds])
+        return tokens
+
+    def _fits_static(self, feeds: list[Feed], longest: int) -> bool:
+        return (
+            self.static_shapes
+            and longest <= MAX_STATIC_WIDTH
+            and len(feeds) <= GRAPH_BATCH_SIZES[-1]
+            and max(len(f.block_table) for f in feeds) <= self.max_blocks
+        )
 
     def _run(
         self, ids: Tensor, pos: Tensor, slots: Tensor, tables: Tensor, index: Tensor | None
     ) -> Tensor:
         paged = paged_batch(pos, slots, tables, self.block_size)
         return self.model(ids, pos, self.caches, paged, index)
+
+    def _chain(
+        self, ids: Tensor, pos: Tensor, slots: Tensor, tables: Tensor, index: Tensor, steps: int
+    ) -> Tensor:
+        """Pure tensor ops, so that a graph captures the whole loop: slots are looked up in
+        the block tables on the device. Pad rows (all-zero tables) stay in scratch block 0."""
+        bs = self.block_size
+        token = self._run(ids, pos, slots, tables, index)[:, 0].argmax(-1)
+        chosen = [token]
+        last = pos.gather(1, index)  # [B, 1] position of each feed's last token
+        first = torch.zeros_like(index)
+        for n in range(1, steps):
+            at = last + n
+            slot = tables.gather(1, at // bs) * bs + at % bs
+            token = self._run(token.unsqueeze(1), at, slot, tables, first)[:, 0].argmax(-1)
+            chosen.append(token)
+        return torch.stack(chosen, dim=1)
 
     def _prepare(self, feeds: list[Feed], longest: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         bs = self.block_size
@@ -124,41 +206,62 @@ class ModelRunner:
             torch.tensor(x, dtype=torch.long, device=self.device) for x in (ids, pos, slots, tables)
         )
 
-    def _replay(self, feeds: list[Feed]) -> Tensor:
-        size = next(s for s in GRAPH_BATCH_SIZES if s >= len(feeds))
-        g = self._graphs.get(size) or self._capture(size)
-        ids, pos, slots, tables = self._prepare(feeds, 1)
+    def _launch(self, key: tuple, feeds: list[Feed], width: int) -> Tensor:
+        """Copy the feeds into the shape's static buffers (pad rows write only to scratch
+        slot 0) and run it."""
+        static = self._statics.get(key) or self._build(key)
+        ids, pos, slots, tables = self._prepare(feeds, width)
+        index = torch.tensor(_last(feeds), device=self.device).unsqueeze(1)
         b, w = tables.shape
-        for name, src in (("ids", ids), ("pos", pos), ("slots", slots)):
-            g.inputs[name].zero_()
-            g.inputs[name][:b].copy_(src)
-        g.inputs["tables"].zero_()
-        g.inputs["tables"][:b, :w].copy_(tables)
-        g.graph.replay()
-        return g.logits[:b]
+        for name, src in (("ids", ids), ("pos", pos), ("slots", slots), ("index", index)):
+            static.inputs[name].zero_()
+            static.inputs[name][:b].copy_(src)
+        static.inputs["tables"].zero_()
+        static.inputs["tables"][:b, :w].copy_(tables)
+        return static.run()
 
-    def _capture(self, size: int) -> _Graph:
-        """Capture one padded decode batch size; pads write only to scratch slot 0."""
+    def _build(self, key: tuple) -> _Static:
+        """The buffers of one shape and what runs it: on CUDA, a graph captured now."""
+        kind, size, width, arg = key
         zeros = dict(dtype=torch.long, device=self.device)
         inputs = {
-            "ids": torch.zeros(size, 1, **zeros),
-            "pos": torch.zeros(size, 1, **zeros),
-            "slots": torch.zeros(size, 1, **zeros),
+            "ids": torch.zeros(size, width, **zeros),
+            "pos": torch.zeros(size, width, **zeros),
+            "slots": torch.zeros(size, width, **zeros),
             "tables": torch.zeros(size, self.max_blocks, **zeros),
-            # Every tensor the graph reads must outlive it: a freed one's memory is reused,
-            # and replays would read whatever lands there (seen on an H200: gather indices
-            # out of bounds). The last position of a one-token feed is always 0.
             "index": torch.zeros(size, 1, **zeros),
         }
         args = tuple(inputs[name] for name in ("ids", "pos", "slots", "tables", "index"))
+
+        def eager() -> Tensor:
+            if kind == "chain":
+                return self._chain(*args, steps=arg)
+            return self._run(*args[:4], None if arg else args[4])
+
+        if not self.use_graphs:
+            self._statics[key] = _Static(inputs, eager)
+            return self._statics[key]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._run(*args)
+                eager()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._run(*args)
-        self._graphs[size] = _Graph(graph, inputs, logits)
-        return self._graphs[size]
+            out = eager()
+
+        def replay() -> Tensor:
+            graph.replay()
+            return out
+
+        self._statics[key] = _Static(inputs, replay)
+        return self._statics[key]
+
+
+def _bucket(batch: int) -> int:
+    return next(s for s in GRAPH_BATCH_SIZES if s >= batch)
+
+
+def _last(feeds: list[Feed]) -> list[int]:
+    return [len(f.tokens) - 1 for f in feeds]

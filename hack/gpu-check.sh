@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# On a CUDA machine (the device tool): build nothing, run the CUDA tests, the engine benchmark,
-# a real batch sweep of the tiny pair and the roofline check of the simulated SKUs, then print
-# a short table. Needs the tiny pair carried over (.cache/models). Without this project's
-# venv (the device image has torch but not the rest), it installs the wheels carried in .whl
+# On a CUDA machine (the device tool): build nothing, run the CUDA tests, the roofline check of
+# the simulated SKUs (8B/1B shapes), where the plain step's time goes (step_profile), paged
+# attention in place against today's gather (attention_bench), then the engine benchmark and
+# real batch sweeps of the tiny pair, and print a short table. Needs the tiny pair and the
+# wheels carried over (run with carry [".cache/models", ".whl"]). Without this project's venv
+# (the device image has torch but not the rest), it installs the wheels carried in .whl
 # (`hack/gpu-check.sh --wheels` downloads them here) and imports the package from the tree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +29,11 @@ else
 fi
 export PYTHONUNBUFFERED=1
 results=()
+only=" $* "  # hack/gpu-check.sh [STEP...]: only those steps (default all)
 step() {  # step NAME SECONDS COMMAND...: run with a limit, keep going, remember the outcome
   local name=$1 limit=$2 start=$SECONDS rc
   shift 2
+  [[ "$only" == "  " || "$only" == *" $name "* ]] || return 0
   echo "=== $name"
   timeout "$limit" "$@" 2>&1 | tee -a "$out/gpu-check.log"
   rc=${PIPESTATUS[0]}
@@ -37,11 +41,19 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep going, remember
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+"$py" -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
+command -v gcc cc || echo "no C compiler (torch.compile's Triton launcher needs one)"
 step cuda-tests 150 "$py" -m pytest -q tests/engine/test_cuda.py tests/engine/test_simulated_device.py -p no:cacheprovider
-step roofline 150 "$py" benchmarks/roofline_check.py --sku H200 --json "$out/roofline.json"
-step engine-bench 100 "$py" benchmarks/engine_bench.py --device cuda --size tiny --repeats 3
+step roofline 120 "$py" benchmarks/roofline_check.py --sku H200 --json "$out/roofline.json"
+step roofline-compiled 180 "$py" benchmarks/roofline_check.py --sku H200 --compile \
+  --json "$out/roofline-compiled.json"
+step step-profile 60 "$py" benchmarks/step_profile.py
+step step-profile-compiled 120 "$py" benchmarks/step_profile.py --compile
+step attention 120 "$py" benchmarks/attention_bench.py
+step engine-bench 80 "$py" benchmarks/engine_bench.py --device cuda --size tiny --repeats 3
 for method in draft ngram; do
-  step "sweep-$method" 60 "$py" -m spectune.engine.cli bench --device cuda --sweep batch \
+  [[ "$only" == "  " || "$only" == *" sweep-$method "* ]] || continue
+  step "sweep-$method" 40 "$py" -m spectune.engine.cli bench --device cuda --sweep batch \
     --method "$method" --batch-sizes 1,2,4,8,16,32,64,128,256 --stop-after 0 --out "/tmp/sweep-$method"
   cp "/tmp/sweep-$method/bench.json" "$out/sweep-$method.json"
 done

@@ -1,5 +1,6 @@
 """Greedy speculation is lossless: token for token the plain output, at batch sizes 1-16,
-with mixed prompt lengths, with and without preemption, for both drafting methods."""
+with mixed prompt lengths, with and without preemption, for both drafting methods, and
+through the fixed shapes CUDA graphs capture (run eagerly here)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from spectune.engine.config import EngineConfig
+from spectune.engine.drafting import ModelDrafter
 from spectune.engine.engine import LLMEngine
 from spectune.engine.sequence import SamplingParams
 
@@ -16,8 +18,13 @@ from .prompts import PROMPTS
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
 
 
-def run(target: Path, prompts: list[str], **kw: object) -> tuple[list[list[int]], LLMEngine]:
+def run(
+    target: Path, prompts: list[str], static_shapes: bool = False, **kw: object
+) -> tuple[list[list[int]], LLMEngine]:
     engine = LLMEngine(EngineConfig(model=str(target), device="cpu", **kw))
+    engine.runner.static_shapes = static_shapes
+    if isinstance(engine.drafter, ModelDrafter):
+        engine.drafter.runner.static_shapes = static_shapes
     return [c.token_ids for c in engine.generate(prompts, PARAMS)], engine
 
 
@@ -54,3 +61,19 @@ def test_preemption_keeps_output_unchanged(tiny_pair, plain_reference, method: s
     outputs, engine = run(target, PROMPTS, max_batch_size=16, kv_cache_bytes=3_000_000, **extra)
     assert engine.scheduler.num_preemptions > 0
     assert outputs == plain_reference
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "none"])
+def test_the_graphed_shapes_match_plain(tiny_pair, plain_reference, method: str) -> None:
+    """Padded batch buckets, padded verify widths and the draft's greedy chain: the inputs a
+    CUDA graph replays, run eagerly on the CPU, give the plain output token for token."""
+    target, draft = tiny_pair
+    extra = {"draft": str(draft)} if method == "draft" else {"method": method}
+    outputs, engine = run(target, PROMPTS, static_shapes=True, max_batch_size=6, **extra)
+    assert outputs == plain_reference
+    kinds = {key[0] for key in engine.runner.shapes}
+    assert kinds == {"forward"}  # plain steps and verifies; prefills are wider, run eagerly
+    widths = {key[2] for key in engine.runner.shapes}
+    assert 1 in widths and max(widths) == (1 if method == "none" else 1 + engine.k)
+    if method == "draft":
+        assert any(key[0] == "chain" for key in engine.drafter.runner.shapes)
