@@ -1,12 +1,13 @@
 """The simulated SKUs' roofline (engine/device_time.py) against a real GPU.
 
 Builds random-weight models with the virtual target's and draft's shapes (Llama 3.1 8B and
-Llama 3.2 1B), runs our own engine's forwards through ModelRunner on CUDA (paged KV cache,
-CUDA graphs for every decode shape, as the engine serves: the plain step, the verify forward
-and the draft's k forwards as one greedy chain), and prints per batch size the
-measured and the modelled seconds of a plain step, a verify forward and the k draft
-forwards, then the speedup at a given acceptance and both crossovers. Weights are random
-(normal init, never zeros): only the time is of interest, and it does not depend on them.
+Llama 3.2 1B) and runs our own engine's forwards through ModelRunner on CUDA as the engine
+serves them: the paged KV cache read in place by FlexAttention (or `--attention gather`),
+CUDA graphs for every decode shape (the plain step, the verify forward and the draft's k
+forwards as one greedy chain). Prints per batch size the measured and the modelled seconds
+of a plain step, a verify forward and the k draft forwards, then the speedup at a given
+acceptance and both crossovers. Weights are random (normal init, never zeros): only the
+time is of interest, and it does not depend on them.
 
 Usage (on a CUDA machine): python benchmarks/roofline_check.py --sku H200 [--json FILE]
 """
@@ -45,12 +46,20 @@ DRAFT = ModelConfig(
 BLOCK = 16
 
 
-def runner(cfg: ModelConfig, batch: int, context: int, k: int, compile: bool) -> ModelRunner:
+def runner(
+    cfg: ModelConfig, batch: int, context: int, k: int, compile: bool, in_place: bool = True
+) -> ModelRunner:
     with torch.device("cuda"):
         model = Transformer(cfg).to(torch.bfloat16).eval()
     per_seq = -(-(context + k + 1) // BLOCK)
     return ModelRunner(
-        model, batch * per_seq + 1, BLOCK, context + k + 1, cuda_graphs=True, compile_layers=compile
+        model,
+        batch * per_seq + 1,
+        BLOCK,
+        context + k + 1,
+        cuda_graphs=True,
+        in_place_attention=in_place,
+        compile_layers=compile,
     )
 
 
@@ -95,20 +104,22 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16,32,64,96,128,192,256")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--compile", action="store_true", help="torch.compile each layer")
+    parser.add_argument("--compile", action="store_true", help="compile the small ops")
+    parser.add_argument("--attention", choices=("flex", "gather"), default="flex")
     args = parser.parse_args()
     sku, k, ctx = SKUS[args.sku], args.k, args.context
     batches = [int(b) for b in args.batches.split(",")]
     largest, per_seq = max(batches), -(-(ctx + k + 1) // BLOCK)
     torch.manual_seed(0)
-    target = runner(TARGET, largest, ctx, k, args.compile)
-    draft = runner(DRAFT, largest, ctx, k, args.compile)
+    in_place = args.attention == "flex"
+    target = runner(TARGET, largest, ctx, k, args.compile, in_place)
+    draft = runner(DRAFT, largest, ctx, k, args.compile, in_place)
     tokens = expected_tokens(args.acceptance, k)
     rows = []
     print(
         f"{torch.cuda.get_device_name()} vs simulated {args.sku}: Llama-8B shapes, 1B draft, "
         f"bf16, context {ctx}, k {k}, acceptance {args.acceptance}"
-        f"{', layers compiled' if args.compile else ''}"
+        f", attention {args.attention}{', small ops compiled' if args.compile else ''}"
     )
     print(
         "batch | plain ms real/model | verify ms real/model | k drafts ms real/model | "

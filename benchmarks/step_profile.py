@@ -1,7 +1,7 @@
 """Where a plain decode step's time goes: kernels by kind, and the weights' read bandwidth.
 
 Runs the roofline check's Llama 3.1 8B-shaped target (random bf16 weights, paged cache,
-context 256) at batch 1: times the CUDA-graphed step, then profiles the same step eagerly
+context 256) at batch 1: times the CUDA-graphed step, then profiles the same shapes eagerly
 and groups its kernels (matmuls, attention, the rest). Graph time minus kernel time is what
 launching costs inside the graph; matmul time against the weights' bytes is how near the
 matmuls themselves come to the HBM bandwidth (`--bandwidth`, TB/s, default the H200's 4.8).
@@ -18,6 +18,8 @@ from functools import partial
 import torch
 from roofline_check import BLOCK, TARGET, feeds, median_seconds, runner
 from torch.profiler import ProfilerActivity, profile
+
+from spectune.engine.model_runner import ModelRunner
 
 KINDS = (  # first match wins, on the lower-cased kernel name
     ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "splitk", "sm90_xmma", "cublas")),
@@ -38,13 +40,24 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--bandwidth", type=float, default=4.8, help="HBM TB/s")
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--compile", action="store_true", help="torch.compile each layer")
+    parser.add_argument("--compile", action="store_true", help="compile the small ops")
+    parser.add_argument("--attention", choices=("flex", "gather"), default="flex")
     args = parser.parse_args()
     torch.manual_seed(0)
-    run = runner(TARGET, args.batch, args.context, 0, args.compile)
-    fed = feeds(args.batch, args.context, 1, -(-(args.context + 1) // BLOCK))
+    in_place = args.attention == "flex"
+    run = runner(TARGET, args.batch, args.context, 0, args.compile, in_place)
+    per_seq = -(-(args.context + 1) // BLOCK)
+    fed = feeds(args.batch, args.context, 1, per_seq)
     graphed = median_seconds(partial(run.forward, fed, False), 20)
-    run.static_shapes = run.use_graphs = False  # the same step, eagerly, kernel by kernel
+    run = ModelRunner(  # the same model and shapes, eagerly, kernel by kernel
+        run.model,
+        args.batch * per_seq + 1,
+        BLOCK,
+        args.context + 1,
+        cuda_graphs=False,
+        static_shapes=True,
+        in_place_attention=in_place,
+    )
     eager = median_seconds(partial(run.forward, fed, False), 20)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
@@ -62,8 +75,8 @@ def main() -> None:
     weights = sum(p.numel() * p.element_size() for p in run.model.parameters())
     busy = sum(us for us, _, _ in kernels)
     name = torch.cuda.get_device_name()
-    layers = ", layers compiled" if args.compile else ""
-    print(f"{name}: 8B shapes bf16, batch {args.batch}, context {args.context}{layers}")
+    how = f"attention {args.attention}" + (", small ops compiled" if args.compile else "")
+    print(f"{name}: 8B shapes bf16, batch {args.batch}, context {args.context}, {how}")
     print(
         f"step ms: graphed {graphed * 1e3:.2f}, eager {eager * 1e3:.2f}, kernels {busy / 1e3:.2f} "
         f"(launch cost in the graph {graphed * 1e3 - busy / 1e3:.2f})"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from spectune.engine.gate import GateSettings
 
 METHODS = ("draft", "ngram", "none")
+ATTENTION = ("auto", "flex", "gather")
 
 
 class InvalidConfig(ValueError):
@@ -28,7 +29,11 @@ class EngineConfig:
     device: str | None = None  # default: cuda when available
     dtype: str | None = None  # default: float32 on the CPU, bfloat16 on CUDA
     cuda_graphs: bool = True
-    compile: bool = False  # CUDA: torch.compile each decoder layer (fuses its small ops)
+    # How graphed decode shapes read the paged KV cache: "flex" in place (FlexAttention),
+    # "gather" into a new tensor for SDPA; auto: flex on CUDA (0.2-0.7x the gather's time on
+    # an H200), gather on the CPU (eager FlexAttention there is a slow reference).
+    attention: str = "auto"
+    compile: bool = False  # CUDA: torch.compile the small ops between the matmuls
     ngram_min: int = 1
     ngram_max: int = 3
     min_acceptance: float = 0.2  # a sequence below this recent acceptance pauses speculation
@@ -62,6 +67,10 @@ class EngineConfig:
         if not self.simulate_context_scale > 0:
             raise InvalidConfig(
                 f"simulate_context_scale must be > 0, got {self.simulate_context_scale}"
+            )
+        if self.attention not in ATTENTION:
+            raise InvalidConfig(
+                f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}"
             )
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise InvalidConfig(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")

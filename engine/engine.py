@@ -156,6 +156,8 @@ class LLMEngine:
             self.config.block_size,
             self.max_model_len,
             self.config.cuda_graphs,
+            in_place_attention=self.config.attention == "flex"
+            or (self.config.attention == "auto" and self.device.type == "cuda"),
             compile_layers=self.config.compile,
         )
 

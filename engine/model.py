@@ -7,17 +7,21 @@ larger kernels); the checkpoint module splits and joins them at the HF boundary.
 Attention has two paths: `cache=None` is plain causal attention over the given tokens
 (training, reference); otherwise new K/V are written into a paged cache at absolute
 slots and every query attends to its sequence's slots, so a rejected draft needs no
-rollback: the next write to that position overwrites it.
+rollback: the next write to that position overwrites it. Those slots are read either
+gathered into a new tensor (SDPA) or in place (FlexAttention): see PagedBatch.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
 class UnsupportedArchitecture(ValueError):
@@ -142,6 +146,19 @@ def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
+def rotary_split(
+    qkv: Tensor, cos: Tensor, sin: Tensor, h: int, kv: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """[B, L, h + 2 kv, d] -> q, k (both rotated, in one go) and v."""
+    qk = apply_rope(qkv[:, :, : h + kv], cos, sin)
+    return qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -158,14 +175,17 @@ class PagedBatch:
 
     slot_mapping: [B, L] cache slot each new token's K/V goes to (pads go to slot 0,
     a scratch slot no sequence owns). block_tables: [B, W] each sequence's blocks in
-    position order; its keys are those blocks' slots, S = W * block_size of them.
-    mask: [B, 1, L, S] causal and length mask.
+    position order. Attention reads them one of two ways (model_runner builds either):
+    mask [B, 1, L, S]: gather each sequence's blocks (S = W * block_size keys) into a new
+    tensor and run SDPA under this causal and length mask; block_mask: FlexAttention reads
+    the cache in place, each row visiting only its own blocks.
     """
 
     slot_mapping: Tensor
     block_tables: Tensor
     block_size: int
-    mask: Tensor
+    mask: Tensor | None = None
+    block_mask: BlockMask | None = None
 
     def gather(self, cache: Tensor) -> Tensor:
         """[B, S, kv, d] keys or values of each sequence. Whole blocks through index_select:
@@ -173,6 +193,27 @@ class PagedBatch:
         blocks = cache.view(-1, self.block_size, *cache.shape[1:])
         picked = blocks.index_select(0, self.block_tables.flatten())
         return picked.view(self.block_tables.shape[0], -1, *cache.shape[1:])
+
+    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """q [B, h, L, d] over the cache [slots, kv, d] -> [B, h, L, d]."""
+        if self.block_mask is None:
+            keys = self.gather(k_cache).transpose(1, 2)  # [B, kv, S, d]
+            values = self.gather(v_cache).transpose(1, 2)
+            return F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=self.mask, enable_gqa=True
+            )
+        # The whole cache as one sequence, [1, kv, slots, d] (a view), broadcast over rows.
+        keys, values = (c.unsqueeze(0).transpose(1, 2) for c in (k_cache, v_cache))
+        flex = _compiled_flex() if q.is_cuda else flex_attention  # eager: the CPU reference
+        return flex(q, keys, values, block_mask=self.block_mask, enable_gqa=True)
+
+
+@cache
+def _compiled_flex() -> Callable[..., Tensor]:
+    """One compile per shape: the runner sends only the fixed shapes its graphs capture
+    (batch buckets x widths x two models: more than dynamo's default limit of 8)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 KVCache = tuple[Tensor, Tensor]  # each [num_slots, num_kv_heads, head_dim]
@@ -186,14 +227,14 @@ class Attention(nn.Module):
             cfg.hidden_size, (self.h + 2 * self.kv) * self.d, bias=cfg.qkv_bias
         )
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.o_bias)
+        self.rotary = rotary_split  # model_runner may swap in a compiled twin
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, paged: PagedBatch | None
     ) -> Tensor:
         b, n, _ = x.shape
         qkv = self.qkv_proj(x).view(b, n, self.h + 2 * self.kv, self.d)
-        qk = apply_rope(qkv[:, :, : self.h + self.kv], cos, sin)  # q and k heads in one go
-        q, k, v = qk[:, :, : self.h], qk[:, :, self.h :], qkv[:, :, self.h + self.kv :]
+        q, k, v = self.rotary(qkv, cos, sin, self.h, self.kv)
         if cache is None or paged is None:
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
@@ -207,11 +248,7 @@ class Attention(nn.Module):
             slots = paged.slot_mapping.reshape(-1)
             k_cache.index_copy_(0, slots, k.reshape(-1, self.kv, self.d))
             v_cache.index_copy_(0, slots, v.reshape(-1, self.kv, self.d))
-            keys = paged.gather(k_cache).transpose(1, 2)  # [B, kv, S, d]
-            values = paged.gather(v_cache).transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=paged.mask, enable_gqa=True
-            )
+            out = paged.attend(q.transpose(1, 2), k_cache, v_cache)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.h * self.d))
 
 
@@ -220,10 +257,10 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.activation = swiglu  # model_runner may swap in a compiled twin
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.activation(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask
 
 from spectune.engine.block_manager import blocks_for
-from spectune.engine.model import PagedBatch, Transformer
+from spectune.engine.model import PagedBatch, Transformer, rotary_split, swiglu
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MAX_STATIC_WIDTH = 9  # tokens per sequence in a graphed forward: a verify at k up to 8
@@ -33,10 +34,53 @@ class Feed:
 def paged_batch(
     positions: Tensor, slot_mapping: Tensor, block_tables: Tensor, block_size: int
 ) -> PagedBatch:
-    """The attention mask from block tables; pure tensor ops so a CUDA graph can capture it."""
+    """The gather path's attention mask from block tables; pure tensor ops so a CUDA graph
+    can capture it."""
     key_pos = torch.arange(block_tables.shape[1] * block_size, device=block_tables.device)
     mask = (key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, L, S]
-    return PagedBatch(slot_mapping, block_tables, block_size, mask)
+    return PagedBatch(slot_mapping, block_tables, block_size, mask=mask)
+
+
+def paged_in_place(
+    positions: Tensor,
+    slot_mapping: Tensor,
+    block_tables: Tensor,
+    block_size: int,
+    blocks: Tensor,
+) -> PagedBatch:
+    """FlexAttention's block mask: row b visits the blocks of its table that hold positions
+    up to its last (the sparsity: all the kernel reads), and a key is visible when its block
+    is the row's and its position (the block's index in the row's table times the block
+    size, plus its offset) is at most the query's. `blocks` [2, num_blocks] records each
+    block's row (-1: none) and index, rewritten every forward (ids are unique across rows);
+    scratch block 0 belongs to no row, so pad rows see no key and come out zero. Pure
+    tensor ops, graph-capturable."""
+    b, w = block_tables.shape
+    device = block_tables.device
+    owner, index = blocks[0], blocks[1]
+    owner.fill_(-1)  # blocks of no row in this batch (eager Flex evaluates every key)
+    owner[block_tables.flatten()] = torch.arange(b, device=device).repeat_interleave(w)
+    index[block_tables.flatten()] = torch.arange(w, device=device).repeat(b)
+    owner[0] = -1
+    visited = (positions[:, -1] // block_size + 1).to(torch.int32).view(b, 1, 1)
+    # Flex wants the mask to span every block of the cache; rows read only their first ones.
+    indices = torch.zeros(b, 1, 1, blocks.shape[1], dtype=torch.int32, device=device)
+    indices[..., :w] = block_tables.view(b, 1, 1, w)
+
+    def visible(row: Tensor, head: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        block = kv // block_size
+        mine = owner[block] == row
+        return mine & (index[block] * block_size + kv % block_size <= positions[row, q])
+
+    mask = BlockMask.from_kv_blocks(
+        visited,
+        indices,
+        BLOCK_SIZE=(128, block_size),
+        mask_mod=visible,
+        seq_lengths=(positions.shape[1], blocks.shape[1] * block_size),
+        compute_q_blocks=False,  # inference only: the transposed index serves the backward
+    )
+    return PagedBatch(slot_mapping, block_tables, block_size, block_mask=mask)
 
 
 def _column_major_linears(model: Transformer) -> None:
@@ -54,15 +98,21 @@ def _column_major_linears(model: Transformer) -> None:
 
 
 def _compile_layers(model: Transformer) -> None:
-    """torch.compile each decoder layer: its norms, rotary, residual adds and SwiGLU become a
-    few fused kernels around the matmuls. An H200 profile of the 8B plain step at batch 1
-    (benchmarks/step_profile.py) found the matmuls reading the weights at 84% of HBM
-    bandwidth but the whole step at 57%: some 600 small kernels took the rest. One layer's
-    code serves every layer (and both models), so the limit on recompilations is raised to
-    cover the shapes the graphs capture (batch and width of 1 are specialised)."""
+    """torch.compile the small ops between the matmuls: each norm, the rotary embedding
+    with the q/k/v split, the SwiGLU activation; each becomes one fused kernel. An H200
+    profile of the 8B plain step at batch 1 (benchmarks/step_profile.py) found the matmuls
+    reading the weights at 84% of HBM bandwidth but the whole step at 57%: some 600 small
+    kernels took the rest. Matmuls, cache writes and attention stay eager: compiling whole
+    layers made the step 4x slower at batch 256 on the H200 (cause not found)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    rotary = torch.compile(rotary_split, dynamic=True, fullgraph=True)
+    activation = torch.compile(swiglu, dynamic=True, fullgraph=True)
+    model.norm.compile(dynamic=True, fullgraph=True)
     for layer in model.layers:
-        layer.compile(dynamic=True, fullgraph=True)
+        layer.input_layernorm.compile(dynamic=True, fullgraph=True)
+        layer.post_attention_layernorm.compile(dynamic=True, fullgraph=True)
+        layer.self_attn.rotary = rotary
+        layer.mlp.activation = activation
 
 
 @dataclass
@@ -86,11 +136,14 @@ class ModelRunner:
         max_model_len: int,
         cuda_graphs: bool,
         static_shapes: bool = False,
+        in_place_attention: bool = False,
         compile_layers: bool = False,
     ) -> None:
         """cuda_graphs: on CUDA, replay a graph per padded shape. static_shapes: run those
         padded shapes eagerly on any device (how the CPU tests prove them lossless).
-        compile_layers: on CUDA, fuse each decoder layer's small ops (see _compile_layers)."""
+        in_place_attention: those shapes read the KV cache in place through FlexAttention
+        (paged_in_place); wider ones (prefills) always gather. compile_layers: on CUDA,
+        fuse each decoder layer's small ops (see _compile_layers)."""
         self.model = model
         if model.embed_tokens.weight.device.type == "cpu":
             _column_major_linears(model)
@@ -109,6 +162,8 @@ class ModelRunner:
             for _ in range(cfg.num_layers)
         ]
         self.max_blocks = blocks_for(max_model_len, block_size)
+        self.in_place_attention = in_place_attention
+        self._blocks = torch.zeros(2, num_blocks, dtype=torch.long, device=self.device)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.static_shapes = self.use_graphs or static_shapes
         self._statics: dict[tuple, _Static] = {}
@@ -153,7 +208,7 @@ class ModelRunner:
         else:
             ids, pos, slots, tables = self._prepare(feeds, longest)
             index = torch.tensor(_last(feeds), device=self.device).unsqueeze(1)
-            tokens = self._chain(ids, pos, slots, tables, index, steps)
+            tokens = self._chain(ids, pos, slots, tables, index, steps, in_place=False)
         if self.on_forward is not None:
             self.on_forward(feeds)
             for n in range(1, steps):
@@ -169,25 +224,42 @@ class ModelRunner:
         )
 
     def _run(
-        self, ids: Tensor, pos: Tensor, slots: Tensor, tables: Tensor, index: Tensor | None
+        self,
+        ids: Tensor,
+        pos: Tensor,
+        slots: Tensor,
+        tables: Tensor,
+        index: Tensor | None,
+        in_place: bool = False,
     ) -> Tensor:
-        paged = paged_batch(pos, slots, tables, self.block_size)
+        if in_place:
+            paged = paged_in_place(pos, slots, tables, self.block_size, self._blocks)
+        else:
+            paged = paged_batch(pos, slots, tables, self.block_size)
         return self.model(ids, pos, self.caches, paged, index)
 
     def _chain(
-        self, ids: Tensor, pos: Tensor, slots: Tensor, tables: Tensor, index: Tensor, steps: int
+        self,
+        ids: Tensor,
+        pos: Tensor,
+        slots: Tensor,
+        tables: Tensor,
+        index: Tensor,
+        steps: int,
+        in_place: bool,
     ) -> Tensor:
         """Pure tensor ops, so that a graph captures the whole loop: slots are looked up in
         the block tables on the device. Pad rows (all-zero tables) stay in scratch block 0."""
         bs = self.block_size
-        token = self._run(ids, pos, slots, tables, index)[:, 0].argmax(-1)
+        token = self._run(ids, pos, slots, tables, index, in_place)[:, 0].argmax(-1)
         chosen = [token]
         last = pos.gather(1, index)  # [B, 1] position of each feed's last token
         first = torch.zeros_like(index)
         for n in range(1, steps):
             at = last + n
             slot = tables.gather(1, at // bs) * bs + at % bs
-            token = self._run(token.unsqueeze(1), at, slot, tables, first)[:, 0].argmax(-1)
+            token = self._run(token.unsqueeze(1), at, slot, tables, first, in_place)
+            token = token[:, 0].argmax(-1)
             chosen.append(token)
         return torch.stack(chosen, dim=1)
 
@@ -235,8 +307,8 @@ class ModelRunner:
 
         def eager() -> Tensor:
             if kind == "chain":
-                return self._chain(*args, steps=arg)
-            return self._run(*args[:4], None if arg else args[4])
+                return self._chain(*args, steps=arg, in_place=self.in_place_attention)
+            return self._run(*args[:4], None if arg else args[4], self.in_place_attention)
 
         if not self.use_graphs:
             self._statics[key] = _Static(inputs, eager)

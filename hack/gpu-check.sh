@@ -43,12 +43,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 "$py" -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
 command -v gcc cc || echo "no C compiler (torch.compile's Triton launcher needs one)"
+batches=1,4,16,64,128,256  # each shape compiles FlexAttention once (~3 s on the H200's host)
+step roofline 100 "$py" benchmarks/roofline_check.py --sku H200 --batches $batches \
+  --json "$out/roofline.json"
 step cuda-tests 150 "$py" -m pytest -q tests/engine/test_cuda.py tests/engine/test_simulated_device.py -p no:cacheprovider
-step roofline 120 "$py" benchmarks/roofline_check.py --sku H200 --json "$out/roofline.json"
-step roofline-compiled 180 "$py" benchmarks/roofline_check.py --sku H200 --compile \
-  --json "$out/roofline-compiled.json"
-step step-profile 60 "$py" benchmarks/step_profile.py
-step step-profile-compiled 120 "$py" benchmarks/step_profile.py --compile
+step roofline-compiled 90 "$py" benchmarks/roofline_check.py --sku H200 --batches $batches \
+  --compile --json "$out/roofline-compiled.json"
+step roofline-gather 60 "$py" benchmarks/roofline_check.py --sku H200 --batches $batches \
+  --attention gather --json "$out/roofline-gather.json"
+step step-profile-compiled 40 "$py" benchmarks/step_profile.py --compile
+step step-profile 40 "$py" benchmarks/step_profile.py --attention gather
 step attention 120 "$py" benchmarks/attention_bench.py
 step engine-bench 80 "$py" benchmarks/engine_bench.py --device cuda --size tiny --repeats 3
 for method in draft ngram; do

@@ -1,8 +1,10 @@
 """The CUDA path: same greedy outputs as the CPU, lossless speculation graphed and not, every
-decode shape (plain step, verify, the draft's greedy chain) replayed from a CUDA graph."""
+decode shape (plain step, verify, the draft's greedy chain) replayed from a CUDA graph with
+attention reading the paged cache in place (FlexAttention), and with compiled small ops."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,9 +26,12 @@ PARAMS = SamplingParams(max_tokens=32, ignore_eos=True)
 def outputs(
     target: Path, device: str, dtype: str = "float32", **kw: object
 ) -> tuple[list, LLMEngine]:
-    engine = LLMEngine(
-        EngineConfig(model=str(target), device=device, dtype=dtype, max_batch_size=16, **kw)
+    # A fixed KV size: the in-place attention compiles once per shape, and the cache's size
+    # is part of the shape (85% of free memory would differ between engines).
+    config = EngineConfig(
+        model=str(target), device=device, dtype=dtype, max_batch_size=16, kv_cache_bytes=1 << 28
     )
+    engine = LLMEngine(replace(config, **kw))
     return [c.token_ids for c in engine.generate(PROMPTS, PARAMS)], engine
 
 
@@ -36,6 +41,7 @@ def test_cuda_plain_matches_cpu_and_replays_graphs(tiny_pair) -> None:
     same = sum(a == b for a, b in zip(cpu, cuda, strict=True))
     assert same >= len(PROMPTS) - 1  # fp32 kernels differ in rounding; a near-tie may flip one
     assert engine.runner.use_graphs and engine.runner.shapes
+    assert engine.runner.in_place_attention  # the CUDA default: FlexAttention over the cache
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -44,7 +50,7 @@ def test_cuda_plain_matches_cpu_and_replays_graphs(tiny_pair) -> None:
 def test_cuda_speculation_is_lossless(tiny_pair, method: str, dtype: str, graphs: bool) -> None:
     target, draft = tiny_pair
     extra = {"draft": str(draft)} if method == "draft" else {"method": "ngram"}
-    plain, _ = outputs(target, "cuda", dtype, cuda_graphs=False)
+    plain, _ = outputs(target, "cuda", dtype, cuda_graphs=graphs)
     spec, engine = outputs(target, "cuda", dtype, cuda_graphs=graphs, **extra)
     if graphs:
         assert any(key[2] == 1 + engine.k for key in engine.runner.shapes)  # the verify
@@ -57,9 +63,10 @@ def test_cuda_speculation_is_lossless(tiny_pair, method: str, dtype: str, graphs
     assert sum(it.accepted for it in engine.iterations) > 0
 
 
-def test_cuda_compiled_layers_keep_speculation_lossless(tiny_pair) -> None:
-    """torch.compile'd layers (EngineConfig.compile) under the graphs: speculation gives the
-    compiled plain output token for token, and that stays the eager one up to a near-tie."""
+def test_cuda_compiled_ops_keep_speculation_lossless(tiny_pair) -> None:
+    """torch.compile'd small ops (EngineConfig.compile) under the graphs: speculation gives
+    the compiled plain output token for token, and that stays the eager one up to a
+    near-tie."""
     target, draft = tiny_pair
     eager, _ = outputs(target, "cuda")
     plain, _ = outputs(target, "cuda", compile=True)

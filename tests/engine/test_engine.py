@@ -211,6 +211,8 @@ def test_bad_input_gives_clear_errors_and_the_engine_keeps_serving(tiny_pair, tm
         LLMEngine(EngineConfig(model=str(bad), device="cpu"))
     with pytest.raises(InvalidConfig, match="k must be at least 1"):
         EngineConfig(model=str(tiny_pair[0]), draft=str(tiny_pair[1]), k=0)
+    with pytest.raises(InvalidConfig, match="attention must be one of auto, flex, gather"):
+        EngineConfig(model=str(tiny_pair[0]), attention="paged")
     with pytest.raises(InvalidRequest, match="max_tokens"):
         SamplingParams(max_tokens=0)
 

@@ -22,9 +22,11 @@ def run(
     target: Path, prompts: list[str], static_shapes: bool = False, **kw: object
 ) -> tuple[list[list[int]], LLMEngine]:
     engine = LLMEngine(EngineConfig(model=str(target), device="cpu", **kw))
-    engine.runner.static_shapes = static_shapes
+    runners = [engine.runner]
     if isinstance(engine.drafter, ModelDrafter):
-        engine.drafter.runner.static_shapes = static_shapes
+        runners.append(engine.drafter.runner)
+    for runner in runners:
+        runner.static_shapes = static_shapes
     return [c.token_ids for c in engine.generate(prompts, PARAMS)], engine
 
 
@@ -63,13 +65,24 @@ def test_preemption_keeps_output_unchanged(tiny_pair, plain_reference, method: s
     assert outputs == plain_reference
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram", "none"])
-def test_the_graphed_shapes_match_plain(tiny_pair, plain_reference, method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "attention"),
+    [("draft", "gather"), ("ngram", "gather"), ("none", "gather"), ("draft", "flex")],
+)
+def test_the_graphed_shapes_match_plain(
+    tiny_pair, plain_reference, method: str, attention: str
+) -> None:
     """Padded batch buckets, padded verify widths and the draft's greedy chain: the inputs a
-    CUDA graph replays, run eagerly on the CPU, give the plain output token for token."""
+    CUDA graph replays, run eagerly on the CPU, give the plain output token for token, with
+    the KV cache gathered or read in place (eager FlexAttention: the CUDA path's reference;
+    it scores every slot of the cache, so the cache is kept small)."""
     target, draft = tiny_pair
     extra = {"draft": str(draft)} if method == "draft" else {"method": method}
-    outputs, engine = run(target, PROMPTS, static_shapes=True, max_batch_size=6, **extra)
+    if attention == "flex":
+        extra["kv_cache_bytes"] = 8_000_000
+    outputs, engine = run(
+        target, PROMPTS, static_shapes=True, max_batch_size=6, attention=attention, **extra
+    )
     assert outputs == plain_reference
     kinds = {key[0] for key in engine.runner.shapes}
     assert kinds == {"forward"}  # plain steps and verifies; prefills are wider, run eagerly

@@ -82,13 +82,25 @@ def test_saved_checkpoint_loads_in_transformers(tmp_path: Path) -> None:
         )
 
 
-def test_paged_decode_matches_full_attention() -> None:
-    """Prefill + token-by-token decode + a multi-token verify through the paged cache give
-    the same logits as one causal forward, for sequences of different lengths."""
+@pytest.mark.parametrize(
+    ("static_shapes", "in_place"), [(False, False), (True, False), (True, True)]
+)
+def test_paged_decode_matches_full_attention(static_shapes: bool, in_place: bool) -> None:
+    """Prefill + token-by-token decode + multi-token verifies through the paged cache give
+    the same logits as one causal forward, for sequences of different lengths: gathering
+    the cache or reading it in place (FlexAttention), in the graphs' padded shapes or not."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(257, 64, 96, 2, 4, 2, 16, 128)).eval()
-    runner = ModelRunner(model, num_blocks=32, block_size=4, max_model_len=128, cuda_graphs=False)
-    seqs = [torch.randint(0, 257, (n,)).tolist() for n in (23, 9, 17)]
+    runner = ModelRunner(
+        model,
+        num_blocks=32,
+        block_size=4,
+        max_model_len=128,
+        cuda_graphs=False,
+        static_shapes=static_shapes,
+        in_place_attention=in_place,
+    )
+    seqs = [torch.randint(0, 257, (n,)).tolist() for n in (23, 12, 17)]
     tables = [list(range(1 + 8 * i, 1 + 8 * i + blocks_for(len(s), 4))) for i, s in enumerate(seqs)]
     with torch.no_grad():
         full = [model(torch.tensor([s]), torch.arange(len(s))[None])[0] for s in seqs]
@@ -102,9 +114,18 @@ def test_paged_decode_matches_full_attention() -> None:
         )
         for i in range(3):
             torch.testing.assert_close(out[i, 0], full[i][pos], atol=1e-4, rtol=1e-4)
-    # one ragged multi-position forward (as a verify is): the rest of each sequence
+    # ragged multi-position forwards (as verifies are): up to 5 tokens, then the rest
+    widths = [5, 3, 4]
     out = runner.forward(
-        [Feed(s[8:], 8, t) for s, t in zip(seqs, tables, strict=True)], all_logits=True
+        [Feed(s[8 : 8 + n], 8, t) for s, n, t in zip(seqs, widths, tables, strict=True)],
+        all_logits=True,
     )
-    for i, s in enumerate(seqs):
-        torch.testing.assert_close(out[i, : len(s) - 8], full[i][8:], atol=1e-4, rtol=1e-4)
+    for i, n in enumerate(widths):
+        torch.testing.assert_close(out[i, :n], full[i][8 : 8 + n], atol=1e-4, rtol=1e-4)
+    starts = [8 + n for n in widths]
+    out = runner.forward(
+        [Feed(s[p:], p, t) for s, p, t in zip(seqs, starts, tables, strict=True)], True
+    )
+    for i, (s, p) in enumerate(zip(seqs, starts, strict=True)):
+        torch.testing.assert_close(out[i, : len(s) - p], full[i][p:], atol=1e-4, rtol=1e-4)
+    assert bool(runner.shapes) == static_shapes
