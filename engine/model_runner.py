@@ -61,7 +61,7 @@ def paged_in_place(
     owner.fill_(-1)  # blocks of no row in this batch (eager Flex evaluates every key)
     owner[block_tables.flatten()] = torch.arange(b, device=device).repeat_interleave(w)
     index[block_tables.flatten()] = torch.arange(w, device=device).repeat(b)
-    owner[0] = -1
+    owner[:1].fill_(-1)  # a kernel: assigning a Python scalar would copy from the host
     visited = (positions[:, -1] // block_size + 1).to(torch.int32).view(b, 1, 1)
     # Flex wants the mask to span every block of the cache; rows read only their first ones.
     indices = torch.zeros(b, 1, 1, blocks.shape[1], dtype=torch.int32, device=device)

@@ -43,7 +43,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 "$py" -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
 command -v gcc cc || echo "no C compiler (torch.compile's Triton launcher needs one)"
-batches=1,4,16,64,128,256  # each shape compiles FlexAttention once (~3 s on the H200's host)
+batches=${BATCHES:-1,4,16,64,128,256}  # each shape compiles FlexAttention once (~3 s on the H200's host)
 step roofline 100 "$py" benchmarks/roofline_check.py --sku H200 --batches $batches \
   --json "$out/roofline.json"
 step cuda-tests 150 "$py" -m pytest -q tests/engine/test_cuda.py tests/engine/test_simulated_device.py -p no:cacheprovider

@@ -4,7 +4,6 @@ attention reading the paged cache in place (FlexAttention), and with compiled sm
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,8 @@ def outputs(
 ) -> tuple[list, LLMEngine]:
     # A fixed KV size: the in-place attention compiles once per shape, and the cache's size
     # is part of the shape (85% of free memory would differ between engines).
-    config = EngineConfig(
-        model=str(target), device=device, dtype=dtype, max_batch_size=16, kv_cache_bytes=1 << 28
-    )
-    engine = LLMEngine(replace(config, **kw))
+    settings = dict(max_batch_size=16, kv_cache_bytes=1 << 28) | kw
+    engine = LLMEngine(EngineConfig(model=str(target), device=device, dtype=dtype, **settings))
     return [c.token_ids for c in engine.generate(PROMPTS, PARAMS)], engine
 
 
