@@ -121,9 +121,9 @@ def main() -> None:
         f"bf16, context {ctx}, k {k}, acceptance {args.acceptance}"
         f", attention {args.attention}{', small ops compiled' if args.compile else ''}"
     )
-    print(
-        "batch | plain ms real/model | verify ms real/model | k drafts ms real/model | "
-        "speedup real/model"
+    print(  # docs/PERFORMANCE.md's table format
+        "| batch | plain ms real/model | verify ms real/model | k drafts ms real/model | "
+        "speedup real/model |\n|---|---|---|---|---|"
     )
     for b in batches:
         one, wide = feeds(b, ctx, 1, per_seq), feeds(b, ctx, k + 1, per_seq)
@@ -149,9 +149,9 @@ def main() -> None:
             )
         )
         print(
-            f"{b:5d} | {plain * 1e3:7.2f} / {m_plain * 1e3:7.2f} | "
-            f"{verify * 1e3:7.2f} / {(m_spec - m_draft) * 1e3:7.2f} | "
-            f"{drafts * 1e3:7.2f} / {m_draft * 1e3:7.2f} | {real:5.2f} / {model:5.2f}"
+            f"| {b} | {plain * 1e3:.2f} / {m_plain * 1e3:.2f} | "
+            f"{verify * 1e3:.2f} / {(m_spec - m_draft) * 1e3:.2f} | "
+            f"{drafts * 1e3:.2f} / {m_draft * 1e3:.2f} | {real:.2f} / {model:.2f} |"
         )
     measured = crossover({r["batch"]: r["speedup"] for r in rows})
     analytic = analytic_crossover(Setting(sku, LLAMA_8B, LLAMA_1B, k, args.acceptance, ctx))
