@@ -17,11 +17,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 
 class UnsupportedArchitecture(ValueError):
@@ -202,6 +205,8 @@ class PagedBatch:
             return F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=self.mask, enable_gqa=True
             )
+        from torch.nn.attention.flex_attention import flex_attention  # 0.5 s: only if used
+
         # The whole cache as one sequence, [1, kv, slots, d] (a view), broadcast over rows.
         keys, values = (c.unsqueeze(0).transpose(1, 2) for c in (k_cache, v_cache))
         flex = _compiled_flex() if q.is_cuda else flex_attention  # eager: the CPU reference
@@ -212,6 +217,8 @@ class PagedBatch:
 def _compiled_flex() -> Callable[..., Tensor]:
     """One compile per shape: the runner sends only the fixed shapes its graphs capture
     (batch buckets x widths x two models: more than dynamo's default limit of 8)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     return torch.compile(flex_attention, dynamic=False)
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask
 
 from spectune.engine.block_manager import blocks_for
 from spectune.engine.model import PagedBatch, Transformer, rotary_split, swiglu
@@ -55,6 +54,8 @@ def paged_in_place(
     block's row (-1: none) and index, rewritten every forward (ids are unique across rows);
     scratch block 0 belongs to no row, so pad rows see no key and come out zero. Pure
     tensor ops, graph-capturable."""
+    from torch.nn.attention.flex_attention import BlockMask  # 0.5 s to import: only if used
+
     b, w = block_tables.shape
     device = block_tables.device
     owner, index = blocks[0], blocks[1]

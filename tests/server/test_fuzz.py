@@ -12,6 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -47,6 +48,7 @@ def holds_lone_surrogate(value: Any) -> bool:
     return False
 
 
+@pytest.mark.slow  # 17 s alone with its server's start: make test runs it
 def test_no_server_errors(server: Served) -> None:
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
