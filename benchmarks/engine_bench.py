@@ -127,7 +127,7 @@ def decode_overhead(device: str, repeats: int) -> dict[str, float]:
     step = median_ms(engine.step)
     feed = [Feed([seq.token_ids[-1]], len(seq) - 1, seq.block_table)]
     forward = median_ms(lambda: engine.runner.forward(feed, all_logits=False))
-    ids, pos, slots, tables = engine.runner._prepare(feed, 1)
+    ids, pos, slots, tables, _ = engine.runner._prepare(feed, 1)
 
     def bare() -> None:
         with torch.inference_mode():

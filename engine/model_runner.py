@@ -185,11 +185,8 @@ class ModelRunner:
             key = ("forward", _bucket(len(feeds)), longest, all_logits)
             logits = self._launch(key, feeds, longest)[: len(feeds)]
         else:
-            ids, pos, slots, tables = self._prepare(feeds, longest)
-            index = None
-            if not all_logits:
-                index = torch.tensor(_last(feeds), device=self.device).unsqueeze(1)
-            logits = self._run(ids, pos, slots, tables, index)
+            ids, pos, slots, tables, index = self._prepare(feeds, longest)
+            logits = self._run(ids, pos, slots, tables, None if all_logits else index)
         if self.on_forward is not None:
             self.on_forward(feeds)
         return logits
@@ -207,9 +204,7 @@ class ModelRunner:
             key = ("chain", _bucket(len(feeds)), longest, steps)
             tokens = self._launch(key, feeds, longest)[: len(feeds)]
         else:
-            ids, pos, slots, tables = self._prepare(feeds, longest)
-            index = torch.tensor(_last(feeds), device=self.device).unsqueeze(1)
-            tokens = self._chain(ids, pos, slots, tables, index, steps, in_place=False)
+            tokens = self._chain(*self._prepare(feeds, longest), steps, in_place=False)
         if self.on_forward is not None:
             self.on_forward(feeds)
             for n in range(1, steps):
@@ -264,7 +259,11 @@ class ModelRunner:
             chosen.append(token)
         return torch.stack(chosen, dim=1)
 
-    def _prepare(self, feeds: list[Feed], longest: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _prepare(
+        self, feeds: list[Feed], longest: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """ids, positions, slots [B, longest]; block tables [B, W]; each feed's last index
+        [B, 1] (where its next-token logits are)."""
         bs = self.block_size
         ids, pos, slots = [], [], []
         for f in feeds:
@@ -275,16 +274,17 @@ class ModelRunner:
             slots.append([f.block_table[p // bs] * bs + p % bs for p in positions] + [0] * pad)
         width = max(len(f.block_table) for f in feeds)
         tables = [f.block_table + [0] * (width - len(f.block_table)) for f in feeds]
+        last = [[len(f.tokens) - 1] for f in feeds]
         return tuple(
-            torch.tensor(x, dtype=torch.long, device=self.device) for x in (ids, pos, slots, tables)
+            torch.tensor(x, dtype=torch.long, device=self.device)
+            for x in (ids, pos, slots, tables, last)
         )
 
     def _launch(self, key: tuple, feeds: list[Feed], width: int) -> Tensor:
         """Copy the feeds into the shape's static buffers (pad rows write only to scratch
         slot 0) and run it."""
         static = self._statics.get(key) or self._build(key)
-        ids, pos, slots, tables = self._prepare(feeds, width)
-        index = torch.tensor(_last(feeds), device=self.device).unsqueeze(1)
+        ids, pos, slots, tables, index = self._prepare(feeds, width)
         b, w = tables.shape
         for name, src in (("ids", ids), ("pos", pos), ("slots", slots), ("index", index)):
             static.inputs[name].zero_()
@@ -334,7 +334,3 @@ class ModelRunner:
 
 def _bucket(batch: int) -> int:
     return next(s for s in GRAPH_BATCH_SIZES if s >= batch)
-
-
-def _last(feeds: list[Feed]) -> list[int]:
-    return [len(f.tokens) - 1 for f in feeds]
