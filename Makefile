@@ -7,7 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test check lint demo bench-demo demo-down models bench-models crds clean
+.PHONY: install test check lint demo bench-demo demo-down models bench-models crds chart-readme \
+	clean
 
 install: $(STAMP)
 
@@ -35,6 +36,10 @@ bench-models: install
 
 crds: install
 	$(BIN)/spectune-operator crd > crds/specdeployments.spectune.io.yaml
+
+# charts/spectune/README.md from values.yaml's `# --` comments (a test fails when it is stale).
+chart-readme: install
+	$(BIN)/python hack/chart_readme.py
 
 # The operator's story on the local cluster: builds binaries, models and the cluster when
 # missing; the report goes to .cache/demo/. `make demo-down` stops what it left running, the

@@ -191,17 +191,17 @@ class Setup:
     ) -> None:
         kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig",
                    env["SPECTUNE_KUBECONFIG"]]  # fmt: skip
-        for crd in ("specdeployments.spectune.io.yaml", "kopf-peering.yaml"):  # a fresh cluster
-            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds" / crd)],
-                           check=True, capture_output=True)  # fmt: skip
+        crd = REPO / "crds" / "specdeployments.spectune.io.yaml"  # a fresh cluster
+        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(crd)],
+                       check=True, capture_output=True)  # fmt: skip
         config.load_kube_config(env["SPECTUNE_KUBECONFIG"])
         self.core, self.custom = client.CoreV1Api(), client.CustomObjectsApi()
-        self.namespace = self.peering = f"autotune-goodput-{uuid.uuid4().hex[:6]}"
+        self.namespace = f"autotune-goodput-{uuid.uuid4().hex[:6]}"
         self.name = "bench"
         self.core.create_namespace({"metadata": {"name": self.namespace}})
         self.operator = launch(
             env["SPECTUNE_KUBECONFIG"],
-            ["--namespace", self.namespace, "--peering", self.peering,
+            ["--namespace", self.namespace, "--leader-election-namespace", self.namespace,
              "--prometheus-url", env["SPECTUNE_PROMETHEUS_URL"],
              "--liveness", "http://127.0.0.1:8299/healthz"],
             log,
@@ -284,7 +284,8 @@ class Setup:
 
     def close(self) -> None:
         """The SpecDeployment first, while the operator runs to remove its finalizer (else
-        the namespace would stay Terminating), then the operator, the namespace, the peering."""
+        the namespace would stay Terminating), then the operator, the namespace (and
+        its Lease)."""
         self.custom.delete_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, self.name
         )
@@ -293,9 +294,6 @@ class Setup:
             time.sleep(0.5)
         self.operator.stop()
         self.core.delete_namespace(self.namespace)
-        self.custom.delete_cluster_custom_object(
-            "kopf.dev", "v1", "clusterkopfpeerings", self.peering
-        )
 
 
 async def level(

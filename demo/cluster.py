@@ -33,7 +33,7 @@ CHART = REPO / "charts" / "spectune"
 EXAMPLE = REPO / "examples" / "autotune-demo.yaml"
 RELEASE, SYSTEM, NAMESPACE = "spectune-demo", "spectune-demo-system", "spectune-demo"
 FULLNAME = RELEASE  # the chart names its objects after a release whose name holds "spectune"
-CRDS = ("specdeployments.spectune.io", "clusterkopfpeerings.kopf.dev")
+CRDS = ("specdeployments.spectune.io",)
 OPERATOR_PID = LOCAL / "run" / "demo-operator.pid"
 T = TypeVar("T")
 

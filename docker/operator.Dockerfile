@@ -1,7 +1,8 @@
 # The spectune operator: slim Python and the `operator` extra only (no torch, ever).
-#   docker build -f docker/operator.Dockerfile -t REGISTRY/spectune-operator:0.1.0 .
+#   docker build -f docker/operator.Dockerfile -t ghcr.io/spectune/spectune-operator:0.1.0 .
 FROM python:3.12.8-slim-bookworm AS build
 COPY pyproject.toml /src/
+COPY LICENSE /src/
 COPY operator/ /src/operator/
 COPY engine/ /src/engine/
 COPY demo/ /src/demo/

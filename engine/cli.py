@@ -371,11 +371,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from spectune.engine.cuda_check import check_cuda
     from spectune.engine.serving.server import create_app
     from spectune.engine.serving.settings import load_settings
 
     flags = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = load_settings(flags)
+    if problem := check_cuda(settings.device):
+        raise EngineDidNotStart(problem)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -11,8 +11,11 @@ real engines at the pods' IPs exactly as they would in a cluster:
 - the engine's arguments are the container's `command` + `args`, less a leading
   `spectune-engine` and `serve` and any `--host`/`--port`, which become the pod IP and port;
 - ConfigMap and Secret volumes the container mounts are written under --state-dir (and kept in
-  step with the objects, as the kubelet does), and arguments under their mount paths are
-  rewritten to those files; `env` values, ConfigMap/Secret key references and the pod's
+  step with the objects, as the kubelet does), hostPath volumes and claims bound to hostPath or
+  local PersistentVolumes stand for those directories, and arguments under their mount paths
+  are rewritten to those files and directories (read-only is not enforced);
+- engines run on the CPU (SPECTUNE_DEVICE=cpu, which a pod's env overrides): the nodes' GPUs
+  are fake; `env` values, ConfigMap/Secret key references and the pod's
   name, namespace, IP and node name as field references are passed on;
 - an engine that exits is restarted with a back-off (restartPolicy Always), one whose pod goes
   away or changes IP is stopped (SIGTERM, then SIGKILL after --stop-timeout);
@@ -288,6 +291,9 @@ class Runner:
         self.base_env.setdefault("SPECTUNE_CACHE", str(REPO / ".cache" / "models"))
         # Many engines share a small machine; a pod can raise this through its env.
         self.base_env.setdefault("OMP_NUM_THREADS", "1")
+        # The fake GPU nodes have no device behind them: engines that hold nvidia.com/gpu (and
+        # so ask for CUDA) run on this machine's CPU; a pod's own env overrides it.
+        self.base_env.setdefault("SPECTUNE_DEVICE", "cpu")
 
     # --- reading pods -----------------------------------------------------------------------
 
@@ -319,6 +325,9 @@ class Runner:
                 kind, source = "secret", vol.secret
                 obj_name = source.secret_name
             else:
+                host = self.host_dir(pod.metadata.namespace, vol)
+                if host is not None:
+                    mounts[mount.mount_path] = host / mount.sub_path if mount.sub_path else host
                 continue
             try:
                 data = self.read_object_data(kind, pod.metadata.namespace, obj_name)
@@ -334,6 +343,26 @@ class Runner:
                 files[vol_dir / key] = content
             mounts[mount.mount_path] = vol_dir / mount.sub_path if mount.sub_path else vol_dir
         return mounts, files
+
+    def host_dir(self, namespace: str, volume: Any) -> Path | None:
+        """The directory of this machine a hostPath volume, or a claim bound to a hostPath or
+        local PersistentVolume, stands for; None for other volumes (not mapped)."""
+        if volume.host_path is not None:
+            return Path(volume.host_path.path)
+        if volume.persistent_volume_claim is None:
+            return None
+        claim_name = volume.persistent_volume_claim.claim_name
+        try:
+            claim = self.core.read_namespaced_persistent_volume_claim(claim_name, namespace)
+        except ApiException as e:
+            raise SkipPod(f"claim {claim_name}: {e.reason}") from e
+        if not claim.spec.volume_name:
+            raise SkipPod(f"claim {claim_name} is not bound to a volume yet")
+        pv = self.core.read_persistent_volume(claim.spec.volume_name)
+        source = pv.spec.host_path or pv.spec.local
+        if source is None:
+            raise SkipPod(f"volume {pv.metadata.name} is neither hostPath nor local")
+        return Path(source.path)
 
     def env_of(self, pod: Any, container: Any) -> dict[str, str]:
         """The container's env as the kubelet would resolve it, for the cases engines use."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import sys
-import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import kopf
+
     from spectune.operator.prometheus import LabelNames
     from spectune.operator.render import PodMonitorSettings
 
@@ -25,27 +25,30 @@ DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "crd":
+        from spectune.operator.crd import crd_yaml
+
+        sys.stdout.write(crd_yaml())
+        return 0
+    return _run(args)
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spectune-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("crd", help="print the SpecDeployment CRD (YAML)")
     run = sub.add_parser("run", help="run the operator (in-cluster credentials, else $KUBECONFIG)")
     run.add_argument("--namespace", action="append", help="watch only these (default: all)")
     run.add_argument(
-        "--peering",
-        default="spectune",
-        help="ClusterKopfPeering to meet other replicas in (created when missing)",
+        "--leader-election-namespace",
+        help="the namespace of the Lease replicas elect the one acting replica by (default: the "
+        "pod's, from POD_NAMESPACE or its ServiceAccount; outside a pod, the kubeconfig's)",
     )
     run.add_argument(
-        "--peering-owner",
-        metavar="CLUSTERROLE",
-        help="the peering's owner: deleting this ClusterRole (the chart's) deletes the peering",
-    )
-    run.add_argument(
-        "--priority",
-        type=_priority,
-        default=0,
-        help="the highest-priority replica acts; `auto`: one derived from the host (pod) name, "
-        "so that replicas of one Deployment differ",
+        "--leader-election-lease",
+        default="spectune-operator",
+        help="that Lease's name: replicas sharing it act one at a time (default: %(default)s)",
     )
     run.add_argument(
         "--liveness", default="http://127.0.0.1:8080/healthz", help="kopf's liveness endpoint"
@@ -100,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         "default 120 s calibration window the 8 scrapes it needs)",
     )
     run.add_argument(
+        "--engine-image",
+        default=None,
+        help="the engine image of SpecDeployments that name none (default: "
+        "ghcr.io/spectune/spectune-engine at this operator's version); the chart sets it",
+    )
+    run.add_argument(
         "--exploration-lease",
         type=_positive_seconds,
         default=60.0,
@@ -113,13 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["DEBUG", "INFO", "WARNING"],
         help="DEBUG also shows every handler run",
     )
-    args = parser.parse_args(argv)
-    if args.command == "crd":
-        from spectune.operator.crd import crd_yaml
-
-        sys.stdout.write(crd_yaml())
-        return 0
-    return _run(args)
+    return parser
 
 
 def _positive_seconds(value: str) -> float:
@@ -142,14 +145,6 @@ def _duration(value: str) -> str:
     return value
 
 
-def _priority(value: str) -> int:
-    """An integer, or `auto`: a stable hash of the host name (a pod's name) in [1, 2**30], so
-    replicas of one Deployment get distinct priorities (kopf lets equal ones both act)."""
-    if value == "auto":
-        return 1 + zlib.crc32(socket.gethostname().encode()) % (2**30)
-    return int(value)
-
-
 def label_names(args: argparse.Namespace) -> LabelNames:
     """The reader's LabelNames: those given, the defaults for the rest."""
     from spectune.operator.prometheus import LabelNames
@@ -167,24 +162,40 @@ def pod_monitor_settings(args: argparse.Namespace) -> PodMonitorSettings | None:
     return PodMonitorSettings(args.pod_monitor_interval, dict(args.pod_monitor_labels))
 
 
+def handler_memo(args: argparse.Namespace) -> kopf.Memo:
+    """What the handlers get from the flags (kopf's memo)."""
+    import kopf
+
+    return kopf.Memo(
+        prometheus_url=args.prometheus_url,
+        prometheus_labels=label_names(args),
+        pod_monitors=pod_monitor_settings(args),
+        scrape_annotations=args.scrape_annotations,
+        exploration_lease=args.exploration_lease,
+        engine_image=args.engine_image,
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
+    import asyncio
     import logging
 
     import kopf
 
-    from spectune.operator import handlers, peering
+    from spectune.operator import handlers, leadership
 
     labels = label_names(args)
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    lease_namespace = args.leader_election_namespace or leadership.own_namespace()
     logging.getLogger("spectune.operator").info(
-        "starting: namespaces=%s peering=%s priority=%d resync=%.0fs lease=%.0fs prometheus=%s %s "
-        "metrics=%s",
+        "starting: namespaces=%s leader-election=%s/%s resync=%.0fs exploration-lease=%.0fs "
+        "prometheus=%s %s metrics=%s",
         args.namespace or "all",
-        args.peering,
-        args.priority,
+        lease_namespace,
+        args.leader_election_lease,
         handlers.RESYNC_SECONDS,
         args.exploration_lease,
         args.prometheus_url,
@@ -196,28 +207,26 @@ def _run(args: argparse.Namespace) -> int:
 
         metrics.serve(args.metrics_address, args.namespace)
 
-    @kopf.on.startup()
-    def cluster_peering(settings: kopf.OperatorSettings, **_: Any) -> None:
-        # kopf meets namespaced replicas in per-namespace KopfPeerings; ours meet in the one
-        # ClusterKopfPeering whichever namespaces they watch.
-        settings.peering.clusterwide = True
-        peering.ensure(args.peering, args.peering_owner)
+    # Standalone: no kopf peering; the Lease makes this the one acting replica.
+    settings = kopf.OperatorSettings()
+    memo = handler_memo(args)
 
-    kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or [],
-        peering_name=args.peering,
-        priority=args.priority,
-        liveness_endpoint=args.liveness,
-        memo=kopf.Memo(
-            prometheus_url=args.prometheus_url,
-            prometheus_labels=labels,
-            pod_monitors=pod_monitor_settings(args),
-            scrape_annotations=args.scrape_annotations,
-            exploration_lease=args.exploration_lease,
-        ),
-    )
-    return 0
+    async def operate(stop: asyncio.Event) -> None:
+        await kopf.operator(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace or [],
+            standalone=True,
+            liveness_endpoint=args.liveness,
+            settings=settings,
+            stop_flag=stop,
+            memo=memo,
+        )
+        # Sync handlers may still be finishing in kopf's threads: the Lease is held until then.
+        await asyncio.to_thread(settings.execution.executor.shutdown, wait=True)
+
+    leases = leadership.Leases(lease_namespace, args.leader_election_lease)
+    elector = leadership.Elector(leases, handlers.reporting_instance())
+    return leadership.run_elected(elector, args.liveness, operate)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ KEPT = {
     "items",
     "format",
     "x-kubernetes-validations",
+    "x-kubernetes-preserve-unknown-fields",
 }
 
 PRINTER_COLUMNS = [
@@ -73,8 +74,9 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
                 and not child.get("required")
             ):
                 child.setdefault("default", {})
-    if out.get("additionalProperties") is False:
-        del out["additionalProperties"]  # structural schemas prune unknown fields instead
+    if out.get("additionalProperties") is False or out.get("x-kubernetes-preserve-unknown-fields"):
+        # structural schemas prune unknown fields, or keep them all
+        out.pop("additionalProperties", None)
     if isinstance(out.get("additionalProperties"), dict):
         out["additionalProperties"] = structural(out["additionalProperties"], defs)
     if "items" in out:
@@ -158,4 +160,12 @@ def crd() -> dict[str, Any]:
 
 def crd_yaml() -> str:
     header = "# Generated from operator/models.py by `make crds`; do not edit.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
+    return header + yaml.dump(crd(), Dumper=_NoAliases, sort_keys=False, width=100)
+
+
+class _NoAliases(yaml.SafeDumper):
+    """A default that repeats a section's schema is written out again, not as a YAML alias:
+    kubectl and helm read aliases, but a reader of the CRD should not have to."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True

@@ -65,16 +65,18 @@ def children(
     pod_monitor: render.PodMonitorSettings | None = render.DEFAULT_POD_MONITOR,
     monitors_served: bool = False,
     scrape_annotations: bool = False,
+    engine_image: str = render.ENGINE_IMAGE,
 ) -> list[dict]:
     """The objects a SpecDeployment owns. Where the cluster serves PodMonitors
     (`monitors_served`), a PodMonitor scrapes the engines: ours unless `pod_monitor` is None
     (one for every engine exists, the chart's), and the pods carry no scrape annotations, so
     that nothing scrapes them twice, unless `scrape_annotations` asks for them anyway (a
-    Prometheus that discovers by annotation next to the Prometheus Operator's CRDs)."""
+    Prometheus that discovers by annotation next to the Prometheus Operator's CRDs).
+    `engine_image` runs where spec.engine.image is unset."""
     annotate = scrape_annotations or not monitors_served
     objs = [
         render.config_map(name, namespace, config),
-        render.deployment(name, namespace, spec, config, scrape_annotations=annotate),
+        render.deployment(name, namespace, spec, config, annotate, engine_image),
         render.service(name, namespace, spec),
     ]
     if pod_monitor and monitors_served:
@@ -214,6 +216,7 @@ def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
         pod_monitor=memo.get("pod_monitors", render.DEFAULT_POD_MONITOR),
         monitors_served=kube.api_available("monitoring.coreos.com/v1", "PodMonitor"),
         scrape_annotations=memo.get("scrape_annotations", False),
+        engine_image=memo.get("engine_image") or render.ENGINE_IMAGE,
     ):
         _apply_child(body, child)
     push(name, namespace, result.engines)

@@ -1,7 +1,7 @@
 """The operator as a child process, with credentials of its own: how the tests, the chart tests,
 the demo and the benchmarks run it beside the local cluster (kwok runs no containers, so the
 chart's Deployment never starts it). One place, so that every caller stops it the same way:
-SIGINT lets kopf remove its finalizers' work and leave the peering cleanly."""
+SIGINT lets kopf remove its finalizers' work and the operator release its Lease cleanly."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ GROUP = "spectune.io"
 VERSION = "v1alpha1"
 KIND = "SpecDeployment"
 PLURAL = "specdeployments"
-DEFAULT_IMAGE = "spectune/engine:0.1.0"
+# Any JSON object, kept whole by the API server (a volume source, a pod spec's field).
+FREE_FORM = {"x-kubernetes-preserve-unknown-fields": True}
 
 
 def cel(rule: str, message: str, reason: str | None = None) -> dict[str, str]:
@@ -25,16 +26,46 @@ def cel(rule: str, message: str, reason: str | None = None) -> dict[str, str]:
     return out
 
 
+def inside_volume(path: str) -> str:
+    """CEL: `path` is relative and never climbs out of the volume it is read in."""
+    return f"(!{path}.startsWith('/') && !{path}.matches('(^|/)[.][.](/|$)'))"
+
+
+def volume_source(what: str) -> Any:
+    """A field holding one Kubernetes volume source, kept whole: the API server validates it
+    as it validates any pod's volume when the engine pods are made."""
+    return Field(
+        None,
+        description=f"a Kubernetes volume source holding the {what} (e.g. "
+        "{persistentVolumeClaim: {claimName: weights}}), mounted read-only",
+        json_schema_extra=FREE_FORM,
+    )
+
+
 class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class ModelSpec(Spec):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.volume) || {inside_volume('self.name')}",
+                    "with model.volume, model.name is the checkpoint's directory inside it: "
+                    "a relative path without '..'",
+                )
+            ]
+        },
+    )
     name: str = Field(
         min_length=1,
         max_length=512,
-        description="HF checkpoint directory in the pod, or a built-in model name",
+        description="HF checkpoint directory: inside `volume` when given, else in the image "
+        "or a built-in model name",
     )
+    volume: dict[str, Any] | None = volume_source("weights")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="weights dtype; default float32 on the CPU, bfloat16 on GPUs"
     )
@@ -49,15 +80,179 @@ class Resources(Spec):
     )
 
 
+# What the operator itself sets on every engine pod; a template that sets them otherwise is
+# refused (render.py builds them).
+OWN_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/managed-by",
+)
+OWN_VOLUMES = ("config", "admin-token", "weights", "draft-weights")
+OWN_MOUNT_PATHS = ("/etc/spectune", "/var/run/spectune", "/weights/model", "/weights/draft")
+OWN_CONTAINER_FIELDS = (
+    "image",
+    "command",
+    "args",
+    "ports",
+    "readinessProbe",
+    "livenessProbe",
+    "startupProbe",
+)
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _none_of(items: str, values: tuple[str, ...], field: str = "") -> str:
+    """CEL: no element of the list `items` (its `field` when given) is one of `values`."""
+    listed = ", ".join(f"'{v}'" for v in values)
+    return f"{items}.all(x, !(x{field} in [{listed}]))"
+
+
+def _free(description: str) -> Any:
+    return Field(None, description=description, json_schema_extra=FREE_FORM)
+
+
+def _free_list(description: str, max_items: int = 64, key: str | None = None) -> Any:
+    """A list of free-form objects; `key`, when given, is a string field every item has (a
+    merge key, which the CEL rules read)."""
+    item: dict[str, Any] = {"type": "object", **FREE_FORM}
+    if key:
+        item |= {"required": [key], "properties": {key: {"type": "string"}}}
+    return Field(
+        default_factory=list,
+        max_length=max_items,
+        description=description,
+        json_schema_extra={"items": item},
+    )
+
+
+class TemplateContainer(Spec):
+    """The engine container's part of a template; the operator's own fields are declared
+    only so that a template setting them is refused with the reason, not silently pruned."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.name == 'engine'",
+                    "template.spec.containers: only the engine container (name: engine) can "
+                    "be adjusted",
+                ),
+                cel(
+                    " && ".join(f"!has(self.{f})" for f in OWN_CONTAINER_FIELDS),
+                    "the operator sets the engine container's image (spec.engine.image), "
+                    "command, args, ports (spec.engine.port) and probes",
+                    "FieldValueForbidden",
+                ),
+                cel(
+                    "!has(self.volumeMounts) || "
+                    + _none_of("self.volumeMounts", OWN_MOUNT_PATHS, ".mountPath"),
+                    f"mount paths {', '.join(OWN_MOUNT_PATHS)} are the operator's",
+                    "FieldValueForbidden",
+                ),
+                cel(
+                    "!has(self.resources) || ("
+                    + " && ".join(
+                        f"(!has(self.resources.{k}) || !('{GPU_RESOURCE}' in self.resources.{k}))"
+                        for k in ("requests", "limits")
+                    )
+                    + ")",
+                    f"{GPU_RESOURCE} comes from spec.engine.gpus",
+                    "FieldValueForbidden",
+                ),
+            ]
+        },
+    )
+    name: str = Field(max_length=63)
+    env: list[dict[str, Any]] = _free_list("as a container's env, merged by name", key="name")
+    envFrom: list[dict[str, Any]] = _free_list("as a container's envFrom", 16)
+    volumeMounts: list[dict[str, Any]] = _free_list("merged by mountPath", 32, "mountPath")
+    resources: Resources | None = None
+    securityContext: dict[str, Any] | None = _free("merged over the restricted default")
+    image: str | None = Field(None, description="refused: spec.engine.image")
+    command: list[str] | None = Field(None, description="refused: the operator's")
+    args: list[str] | None = Field(None, description="refused: the operator's")
+    ports: list[dict[str, Any]] | None = Field(
+        None,
+        description="refused: spec.engine.port",
+        json_schema_extra={"items": {"type": "object", **FREE_FORM}},
+    )
+    readinessProbe: dict[str, Any] | None = _free("refused: the operator's")
+    livenessProbe: dict[str, Any] | None = _free("refused: the operator's")
+    startupProbe: dict[str, Any] | None = _free("refused: the operator's")
+
+
+class TemplatePodSpec(Spec):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.volumes) || {_none_of('self.volumes', OWN_VOLUMES, '.name')}",
+                    f"volume names {', '.join(OWN_VOLUMES)} are the operator's",
+                    "FieldValueForbidden",
+                )
+            ]
+        },
+    )
+    containers: list[TemplateContainer] = Field(default_factory=list, max_length=1)
+    volumes: list[dict[str, Any]] = _free_list("extra volumes, merged by name", 32, "name")
+    tolerations: list[dict[str, Any]] = _free_list("GPU nodes are usually tainted")
+    affinity: dict[str, Any] | None = _free("as a pod's affinity")
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    imagePullSecrets: list[dict[str, Any]] = _free_list("merged by name", 16, "name")
+    serviceAccountName: str | None = Field(None, max_length=253)
+    securityContext: dict[str, Any] | None = _free("merged over the restricted default")
+    runtimeClassName: str | None = Field(None, max_length=253)
+    priorityClassName: str | None = Field(None, max_length=253)
+
+
+class TemplateMetadata(Spec):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.labels) || {_none_of('self.labels', OWN_LABELS)}",
+                    f"labels {', '.join(OWN_LABELS)} select the engine pods: the operator's",
+                    "FieldValueForbidden",
+                )
+            ]
+        },
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PodTemplate(Spec):
+    """A pod template fragment merged into the engine pods, as a strategic merge patch would
+    merge it (named list items by name, maps key by key)."""
+
+    metadata: TemplateMetadata = Field(default_factory=TemplateMetadata)
+    spec: TemplatePodSpec = Field(default_factory=TemplatePodSpec)
+
+
 class EngineSpec(Spec):
-    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512)
-    gpus: int = Field(0, ge=0, le=64, description="nvidia.com/gpu per pod")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        description="unset: the operator's default (the chart's engine.image), so an upgrade "
+        "moves engines to its image at their next rollout",
+    )
+    gpus: int = Field(
+        0, ge=0, le=1, description="nvidia.com/gpu per pod (the engine uses one device)"
+    )
     resources: Resources = Field(default_factory=Resources)
     nodeSelector: dict[str, str] = Field(default_factory=dict)
     maxBatchSize: int = Field(64, ge=1, le=4096)
     port: int = Field(8000, ge=1, le=65535)
     podAnnotations: dict[str, str] = Field(
         default_factory=dict, description="annotations added to the engine pods"
+    )
+    template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="merged into the engine pods: tolerations, affinity, env, volumes, ...",
     )
 
 
@@ -105,13 +300,23 @@ class SpeculationSpec(Spec):
                     "self.method == 'draft' || !has(self.draft)",
                     "speculation.draft is only used when method is draft",
                 ),
+                cel(
+                    f"!has(self.draftVolume) || (has(self.draft) && {inside_volume('self.draft')})",
+                    "with speculation.draftVolume, speculation.draft is the draft's directory "
+                    "inside it: a relative path without '..'",
+                ),
             ]
         },
     )
     method: Literal["draft", "ngram", "none"] = "ngram"
     draft: str | None = Field(
-        None, min_length=1, max_length=512, description="draft checkpoint or built-in name"
+        None,
+        min_length=1,
+        max_length=512,
+        description="draft checkpoint: inside `draftVolume` when given, else in the image or a "
+        "built-in name",
     )
+    draftVolume: dict[str, Any] | None = volume_source("draft's weights")
     numSpeculativeTokens: int = Field(4, ge=1, le=16)
     threshold: ThresholdSpec = Field(default_factory=ThresholdSpec)
 

@@ -13,18 +13,51 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Any
 
 import yaml
 
-from spectune.operator.models import SpecDeploymentSpec
+from spectune.operator.models import (
+    GPU_RESOURCE,
+    OWN_MOUNT_PATHS,
+    OWN_VOLUMES,
+    PodTemplate,
+    SpecDeploymentSpec,
+)
 
-CONFIG_DIR = "/etc/spectune"
+CONFIG_DIR, TOKEN_DIR, MODEL_DIR, DRAFT_DIR = OWN_MOUNT_PATHS
+CONFIG_VOLUME, TOKEN_VOLUME, MODEL_VOLUME, DRAFT_VOLUME = OWN_VOLUMES
 CONFIG_FILE = "engine.yaml"
-TOKEN_DIR = "/var/run/spectune"
 TOKEN_KEY = "admin-token"
 ENGINE_LABEL = "spectune-engine"
-GPU_RESOURCE = "nvidia.com/gpu"
+# The engine image an empty spec.engine.image runs: the operator's --engine-image, which the
+# chart sets from its engine.image value.
+ENGINE_IMAGE = f"ghcr.io/spectune/spectune-engine:{version('spectune')}"
+# Pod Security "restricted" (the image's user is 10001); a template's securityContext is
+# merged over these.
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# A strategic merge patch's merge keys for the lists a pod template fragment can hold; other
+# lists (tolerations, envFrom) are replaced whole.
+MERGE_KEYS = {
+    "containers": "name",
+    "volumes": "name",
+    "env": "name",
+    "volumeMounts": "mountPath",
+    "imagePullSecrets": "name",
+}
 CONFIG_HASH_ANNOTATION = "spectune.io/start-config-hash"
 # The engine applies these from its watched config file without a restart.
 RELOADED_SPECULATION = frozenset({"threshold", "hysteresis", "exploration", "lease"})
@@ -68,8 +101,9 @@ def engine_config(
     """The engine's settings file (see engine/serving/settings.py for its schema); `lease`:
     raised exploration until a unix time (`speculation.lease`)."""
     s = spec.speculation
+    model, draft = weights(spec)
     config: dict[str, Any] = {
-        "model": spec.model.name,
+        "model": model,
         "method": s.method,
         "speculation": {
             "k": s.numSpeculativeTokens,
@@ -81,11 +115,27 @@ def engine_config(
         "max_batch_size": spec.engine.maxBatchSize,
         "port": spec.engine.port,
     }
-    if s.draft:
-        config["draft"] = s.draft
+    if draft:
+        config["draft"] = draft
+    if spec.model.volume:  # clients ask for the model by its name, not its mount path
+        config["served_model_name"] = spec.model.name
     if spec.model.dtype:
         config["dtype"] = spec.model.dtype
+    if spec.engine.gpus:
+        config["device"] = "cuda"  # never the CPU silently while holding a GPU
     return config
+
+
+def weights(spec: SpecDeploymentSpec) -> tuple[str, str | None]:
+    """Where the engine reads the target and the draft: inside their volumes' mounts when
+    they come from volumes, else as named (a directory in the image, a built-in name)."""
+    model = spec.model.name
+    if spec.model.volume:
+        model = f"{MODEL_DIR}/{model}"
+    draft = spec.speculation.draft
+    if draft and spec.speculation.draftVolume:
+        draft = f"{DRAFT_DIR}/{draft}"
+    return model, draft
 
 
 def start_config_hash(config: dict[str, Any]) -> str:
@@ -125,12 +175,12 @@ def token_secret(name: str, namespace: str, token: str) -> dict[str, Any]:
     }
 
 
-def _resources(spec: SpecDeploymentSpec) -> dict[str, Any]:
-    requests = {k: str(v) for k, v in spec.engine.resources.requests.items()}
-    limits = {k: str(v) for k, v in spec.engine.resources.limits.items()}
-    if spec.engine.gpus:
-        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(spec.engine.gpus)
-    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+def _resources(
+    requests: Mapping[str, int | str], limits: Mapping[str, int | str]
+) -> dict[str, dict[str, str]]:
+    out = {"requests": {k: str(v) for k, v in requests.items()}}
+    out["limits"] = {k: str(v) for k, v in limits.items()}
+    return {k: v for k, v in out.items() if v}
 
 
 def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
@@ -147,47 +197,14 @@ def deployment(
     spec: SpecDeploymentSpec,
     config: dict[str, Any],
     scrape_annotations: bool = True,
+    default_image: str = ENGINE_IMAGE,
 ) -> dict[str, Any]:
     """The engine Deployment; `config` is the engine_config() its ConfigMap carries. Its pods
     carry the prometheus.io/* annotations that annotation discovery scrapes by only with
-    `scrape_annotations`: where a PodMonitor scrapes them too, they would be scraped twice."""
+    `scrape_annotations`: where a PodMonitor scrapes them too, they would be scraped twice.
+    The pod is the defaults, spec.engine.template merged over them, then the operator's own
+    fields over both (the CRD refuses a template that contradicts those)."""
     port = spec.engine.port
-    names = child_names(name)
-    container = {
-        "name": "engine",
-        "image": spec.engine.image,
-        "command": ["spectune-engine"],
-        "args": [
-            "serve",
-            "--config",
-            f"{CONFIG_DIR}/{CONFIG_FILE}",
-            "--admin-token-file",
-            f"{TOKEN_DIR}/{TOKEN_KEY}",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(port),
-        ],
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "resources": _resources(spec),
-        "readinessProbe": _probe("/readyz", port, 5, 3),
-        "livenessProbe": _probe("/healthz", port, 10, 6),
-        "startupProbe": _probe("/healthz", port, 5, 60),
-        "volumeMounts": [
-            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": "admin-token", "mountPath": TOKEN_DIR, "readOnly": True},
-        ],
-    }
-    pod_spec: dict[str, Any] = {
-        "containers": [container],
-        "terminationGracePeriodSeconds": 60,
-        "volumes": [
-            {"name": "config", "configMap": {"name": names["config"]}},
-            {"name": "admin-token", "secret": {"secretName": names["token"]}},
-        ],
-    }
-    if spec.engine.nodeSelector:
-        pod_spec["nodeSelector"] = dict(spec.engine.nodeSelector)
     ours = {CONFIG_HASH_ANNOTATION: start_config_hash(config)}
     if scrape_annotations:
         ours |= {
@@ -195,20 +212,147 @@ def deployment(
             "prometheus.io/port": str(port),
             "prometheus.io/path": "/metrics",
         }
-    annotations = spec.engine.podAnnotations | ours  # ours win: scraping and rollouts rely on them
+    template = strategic_merge(
+        strategic_merge(_pod_defaults(spec), fragment(spec.engine.template)),
+        _pod_own(name, spec, config, ours, default_image),
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": names["deployment"], "namespace": namespace, "labels": labels(name)},
+        "metadata": {
+            "name": child_names(name)["deployment"],
+            "namespace": namespace,
+            "labels": labels(name),
+        },
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector(name)},
-            "template": {
-                "metadata": {"labels": labels(name), "annotations": annotations},
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     }
+
+
+def _pod_defaults(spec: SpecDeploymentSpec) -> dict[str, Any]:
+    """What a template may change: security contexts, resources, node selection."""
+    container = {
+        "name": "engine",
+        "securityContext": CONTAINER_SECURITY,
+        "resources": _resources(spec.engine.resources.requests, spec.engine.resources.limits),
+    }
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "securityContext": POD_SECURITY,
+        "terminationGracePeriodSeconds": 60,
+    }
+    if spec.engine.nodeSelector:
+        pod["nodeSelector"] = dict(spec.engine.nodeSelector)
+    return {"metadata": {"annotations": dict(spec.engine.podAnnotations)}, "spec": pod}
+
+
+def _pod_own(
+    name: str,
+    spec: SpecDeploymentSpec,
+    config: dict[str, Any],
+    annotations: dict[str, str],
+    default_image: str,
+) -> dict[str, Any]:
+    """The operator's fields of the pod: what it runs, how it is reached and configured."""
+    port = spec.engine.port
+    names = child_names(name)
+    args = [
+        "serve",
+        "--config",
+        f"{CONFIG_DIR}/{CONFIG_FILE}",
+        "--admin-token-file",
+        f"{TOKEN_DIR}/{TOKEN_KEY}",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
+    mounts = [
+        {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
+    ]
+    volumes = [
+        {"name": CONFIG_VOLUME, "configMap": {"name": names["config"]}},
+        {"name": TOKEN_VOLUME, "secret": {"secretName": names["token"]}},
+    ]
+    # Weights from volumes, read-only. Their paths are arguments too (the config file holds
+    # the same): a runtime that maps mount paths, as the local cluster's pod runner does,
+    # rewrites arguments, not files.
+    for flag, volume, mount, source, path in (
+        ("--model", MODEL_VOLUME, MODEL_DIR, spec.model.volume, config["model"]),
+        ("--draft", DRAFT_VOLUME, DRAFT_DIR, spec.speculation.draftVolume, config.get("draft")),
+    ):
+        if source and path:
+            args += [flag, path]
+            mounts.append({"name": volume, "mountPath": mount, "readOnly": True})
+            volumes.append({"name": volume, **_read_only(source)})
+    gpus = {GPU_RESOURCE: str(spec.engine.gpus)} if spec.engine.gpus else {}
+    container = {
+        "name": "engine",
+        "image": spec.engine.image or default_image,
+        "command": ["spectune-engine"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": _resources(gpus, gpus),
+        "readinessProbe": _probe("/readyz", port, 5, 3),
+        "livenessProbe": _probe("/healthz", port, 10, 6),
+        "startupProbe": _probe("/healthz", port, 5, 60),
+        # A crashed engine's last line (CUDA unusable, weights missing) in the pod's status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": mounts,
+    }
+    return {
+        "metadata": {"labels": labels(name), "annotations": annotations},
+        "spec": {"containers": [container], "volumes": volumes},
+    }
+
+
+def _read_only(source: Mapping[str, Any]) -> dict[str, Any]:
+    """A volume source as the pod mounts it: a claim read-only as well as its mount."""
+    claim = source.get("persistentVolumeClaim")
+    if isinstance(claim, dict):
+        return {**source, "persistentVolumeClaim": {**claim, "readOnly": True}}
+    return dict(source)
+
+
+def fragment(template: PodTemplate) -> dict[str, Any]:
+    """The template as a patch: unset fields and empty sections left out, so they change
+    nothing."""
+    return _prune(template.model_dump(exclude_none=True))
+
+
+def _prune(value: Any) -> Any:
+    if isinstance(value, dict):
+        kept = {k: _prune(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v not in ({}, [], None)}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def strategic_merge(base: Any, patch: Any, key: str | None = None) -> Any:
+    """`patch` over `base` as a strategic merge patch does it: maps key by key, the lists in
+    MERGE_KEYS item by item on their merge key, anything else replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v, k) if k in base else v
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        field_name = MERGE_KEYS[key]
+        out_list = list(base)
+        where = {item.get(field_name): i for i, item in enumerate(out_list)}
+        for item in patch:
+            i = where.get(item.get(field_name))
+            if i is None:
+                out_list.append(item)
+            else:
+                out_list[i] = strategic_merge(out_list[i], item)
+        return out_list
+    return patch
 
 
 def service(name: str, namespace: str, spec: SpecDeploymentSpec) -> dict[str, Any]:

@@ -210,7 +210,7 @@ class Server:
             {
                 "device": device,
                 "simulated": "true" if engine.simulation else "false",
-                "model": self.settings.model,
+                "model": self.settings.model_id,
                 "draft": self.settings.draft or "",
                 "version": VERSION,
             }
@@ -273,10 +273,11 @@ class Server:
         return self.loop
 
     def check_model(self, name: str) -> None:
-        if name not in (self.settings.model, str(self.engine_loop().engine.target.path)):
+        s = self.settings
+        if name not in (s.model_id, s.model, str(self.engine_loop().engine.target.path)):
             raise ApiError(
                 404,
-                f"model {name!r} does not exist; this server serves {self.settings.model!r}",
+                f"model {name!r} does not exist; this server serves {s.model_id!r}",
                 "invalid_request_error",
                 "model",
             )
@@ -475,7 +476,7 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {
-            "id": settings.model,
+            "id": settings.model_id,
             "object": "model",
             "created": server.started,
             "owned_by": "spectune",

@@ -75,6 +75,8 @@ class ServeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = "tiny-target"
+    # The name clients ask for and /v1/models lists (vLLM's --served-model-name); unset: `model`.
+    served_model_name: str | None = Field(None, min_length=1)
     draft: str | None = None
     method: Literal["auto", "draft", "ngram", "none"] = "auto"
     speculation: SpeculationSettings = SpeculationSettings()
@@ -101,6 +103,10 @@ class ServeSettings(BaseModel):
     simulate_context_scale: float = Field(
         1.0, gt=0, description="simulated cached tokens per real one"
     )
+
+    @property
+    def model_id(self) -> str:
+        return self.served_model_name or self.model
 
     @field_validator("simulate_device")
     @classmethod

@@ -17,17 +17,25 @@ from .support import CHART, INVALID, KUBE_VERSION, VALUES, find, helm, one, rend
 
 pytestmark = [pytest.mark.tools, pytest.mark.usefixtures("helm_binary")]
 RULES = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
+LEASE_RULES = yaml.safe_load((CHART / "files" / "leader-election-rules.yaml").read_text())
 
 
-def owner_rule(role: str) -> dict:
-    """The one rule the chart adds to the file's: reading its own ClusterRole, the owner of the
-    peering the operator makes (`--peering-owner`)."""
-    return {
-        "apiGroups": ["rbac.authorization.k8s.io"],
-        "resources": ["clusterroles"],
-        "resourceNames": [role],
-        "verbs": ["get"],
-    }
+def assert_lease_rights_only_in_the_release_namespace(objs: list[dict], account: str) -> None:
+    """Leader election needs Lease rights in the release namespace, nowhere else: a Role there
+    of exactly the rules file, bound to the operator's ServiceAccount; no ClusterRole has any."""
+    name = "spectune-leader-election"
+    role, binding = one(objs, "Role", name), one(objs, "RoleBinding", name)
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "default"
+    assert role["rules"] == LEASE_RULES == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]},
+    ]  # fmt: skip
+    assert binding["roleRef"]["name"] == name
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": "default"}
+    ]
+    cluster_rules = one(objs, "ClusterRole")["rules"]
+    assert not [r for r in cluster_rules if "coordination.k8s.io" in r["apiGroups"]]
 
 
 VALUE_FILES = [[], [VALUES / "ha-namespaced.yaml"], [VALUES / "monitoring.yaml"]]
@@ -40,6 +48,7 @@ INVALID_FIELDS = {
     "min-requests-zero.yaml": "/monitoring/prometheusRule/minRequests",
     "namespace-uppercase.yaml": "/operator/watchNamespaces/0",
     "prometheus-url-no-scheme.yaml": "/operator/prometheusUrl",
+    "engine-image-no-repository.yaml": "/engine/image/repository",
 }
 
 
@@ -87,9 +96,9 @@ def _template(*extra: str) -> list[str]:
 def test_cluster_wide_rbac_is_exactly_the_rules_file() -> None:
     objs = render()
     role = one(objs, "ClusterRole")
-    want = [*RULES, owner_rule("spectune")]
-    assert sorted(map(json.dumps, role["rules"])) == sorted(map(json.dumps, want))
-    assert not find(objs, "Role")
+    assert sorted(map(json.dumps, role["rules"])) == sorted(map(json.dumps, RULES))
+    assert [r["metadata"]["name"] for r in find(objs, "Role")] == ["spectune-leader-election"]
+    assert_lease_rights_only_in_the_release_namespace(objs, "spectune")
     binding = one(objs, "ClusterRoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "spectune", "namespace": "default"}
@@ -99,18 +108,17 @@ def test_cluster_wide_rbac_is_exactly_the_rules_file() -> None:
 def test_watched_namespaces_get_roles_and_no_cluster_wide_rights_on_namespaced_objects() -> None:
     objs = render(VALUES / "ha-namespaced.yaml")
     cluster_rules = one(objs, "ClusterRole")["rules"]
-    assert owner_rule("spectune") in cluster_rules
-    cluster_rules = [r for r in cluster_rules if r != owner_rule("spectune")]
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
-        "namespaces", "customresourcedefinitions", "clusterkopfpeerings",
+        "namespaces", "customresourcedefinitions",
     }  # fmt: skip
-    roles = find(objs, "Role")
+    assert_lease_rights_only_in_the_release_namespace(objs, "spectune-ha")
+    roles = find(objs, "Role", "spectune")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["default", "kube-public"]
     for role in roles:  # together with the ClusterRole: exactly the rules file
         assert sorted(map(json.dumps, role["rules"] + cluster_rules)) == sorted(
             map(json.dumps, RULES)
         )
-    bindings = find(objs, "RoleBinding")
+    bindings = find(objs, "RoleBinding", "spectune")
     assert {b["subjects"][0]["name"] for b in bindings} == {"spectune-ha"}
     assert one(objs, "ServiceAccount")["metadata"]["name"] == "spectune-ha"
 
@@ -127,13 +135,12 @@ def test_deployment_args_probes_and_security() -> None:
     assert container["image"] == "ghcr.io/spectune/spectune-operator:0.1.0"
     assert container["args"] == [
         "run",
-        "--peering=spectune",
-        "--peering-owner=spectune",
-        "--priority=100",
+        "--leader-election-lease=spectune",
         "--liveness=http://0.0.0.0:8080/healthz",
         "--metrics-address=0.0.0.0:9101",
         "--prometheus-url=http://prometheus-operated.monitoring.svc:9090",
         "--log-level=INFO",
+        "--engine-image=ghcr.io/spectune/spectune-engine:0.1.0",
         "--pod-monitor-interval=15s",
     ]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -150,17 +157,32 @@ def test_deployment_args_probes_and_security() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["serviceAccountName"] == "spectune"
     assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
-    assert not find(objs, "ClusterKopfPeering")  # the operator makes it (operator/peering.py)
+    # The Lease's namespace: the pod's own (leadership.own_namespace).
+    assert {
+        "name": "POD_NAMESPACE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    } in container["env"]
 
 
-def test_replicas_get_distinct_priorities_and_namespaces() -> None:
+@pytest.mark.parametrize("values", VALUE_FILES, ids=["default", "ha-namespaced", "monitoring"])
+def test_nothing_of_kopf_peering_is_installed(values: list[Path]) -> None:
+    """Leader election by a Lease: no kopf CRD, peering object or right on one, which another
+    kopf operator in the cluster may own."""
+    objs = render(*values)
+    crds = [c["metadata"]["name"] for c in find(objs, "CustomResourceDefinition")]
+    assert crds == ["specdeployments.spectune.io"]
+    assert not [o for o in objs if "kopf" in json.dumps(o)]
+
+
+def test_replicas_share_one_lease_and_watch_their_namespaces() -> None:
     objs = render(VALUES / "ha-namespaced.yaml")
     assert one(objs, "Deployment")["spec"]["replicas"] == 2
     container = _container(objs)
     assert container["image"] == "registry.example.com/platform/spectune-operator:0.1.0-rc1"
     args = container["args"]
-    assert "--priority=auto" in args and "--peering=spectune-ha" in args
-    assert "--peering-owner=spectune" in args
+    assert [a for a in args if a.startswith("--leader-election")] == [
+        "--leader-election-lease=spectune"
+    ]
     assert [a for a in args if a.startswith("--namespace=")] == [
         "--namespace=default",
         "--namespace=kube-public",
@@ -229,6 +251,25 @@ def test_scrape_annotations_is_off_by_default_and_reaches_the_operator(
     cli.main(["run", *(a for a in args if a == "--scrape-annotations")])
     cli.main(["run"])
     assert seen == [True, False]
+
+
+def test_engine_image_defaults_to_the_app_version_and_reaches_the_operator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SpecDeployments without `spec.engine.image` run the chart's engine image: the value
+    becomes the operator's --engine-image, which its own parser takes."""
+    from spectune.operator import cli
+
+    default = [a for a in _container(render())["args"] if a.startswith("--engine-image=")]
+    assert default == ["--engine-image=ghcr.io/spectune/spectune-engine:0.1.0"]
+    out = helm(*_template("--set", "engine.image.repository=registry.example.com/e",
+                          "--set", "engine.image.tag=0.2.0-rc1")).stdout  # fmt: skip
+    args = _container([d for d in yaml.safe_load_all(out) if d])["args"]
+    (flag,) = [a for a in args if a.startswith("--engine-image=")]
+    seen = []
+    monkeypatch.setattr(cli, "_run", lambda parsed: seen.append(parsed.engine_image))
+    cli.main(["run", flag])
+    assert seen == ["registry.example.com/e:0.2.0-rc1"]
 
 
 @pytest.mark.parametrize("name", sorted(INVALID_FIELDS))

@@ -1,8 +1,8 @@
 """The chart against the real local API server (RBAC on): its objects pass a server-side dry
 run; `helm install` creates them and the operator, run as the chart's ServiceAccount with the
 chart's args, reconciles the example to Ready; `helm upgrade` upgrades a changed CRD;
-`helm uninstall` removes everything but the kept CRDs, and the garbage collector takes the
-peering the operator made with the ClusterRole that owns it.
+`helm uninstall` removes everything but the kept CRDs (none of kopf's: the operator elects
+its acting replica by a Lease in the release namespace).
 
 The cluster is shared: the release watches only a namespace of its own (so it never acts on
 other tests' SpecDeployments), CRDs that exist already are adopted by the release (the README
@@ -41,7 +41,7 @@ from .support import CHART, VALUES, helm, template_args
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("helm_binary")]
 
-CRDS = ["specdeployments.spectune.io", "clusterkopfpeerings.kopf.dev"]
+CRDS = ["specdeployments.spectune.io"]
 EXAMPLE = REPO / "examples" / "specdeployment.yaml"
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, no proxy
 
@@ -118,13 +118,6 @@ def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
             )  # fmt: skip
             for ns in (info["watched"], info["namespace"]):
                 core.delete_namespace(ns)
-            kubectl(
-                cluster,
-                "delete",
-                "--ignore-not-found",
-                "clusterkopfpeering",
-                f"{info['name']}-spectune",
-            )
 
 
 def test_install_creates_crds_rbac_services_and_the_operator(cluster: Cluster, release) -> None:
@@ -153,7 +146,7 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
     cluster: Cluster, release, free_ports: tuple[int, int]
 ) -> None:
     """The Deployment's own args and ServiceAccount (kwok runs no containers): the operator
-    makes its peering, owned by the chart's ClusterRole; the example becomes Ready (two engines
+    takes the release's Lease with the chart's Role; the example becomes Ready (two engines
     on its H100 nodes, serving the model with its draft at its threshold), and the operator's
     metrics endpoint reports it. The one test that brings examples/specdeployment.yaml up."""
     name, ns, watched = release["name"], release["namespace"], release["watched"]
@@ -202,24 +195,11 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
             assert samples["spectune_operator_ready_replicas", ""].value == 2
             assert samples["spectune_operator_threshold", ""].value == 8  # the example's value
             assert "forbidden" not in log.read_text().lower()
-            owners = peering(admin, fullname)["metadata"]["ownerReferences"]
-            role = client.RbacAuthorizationV1Api(admin).read_cluster_role(fullname)
-            assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [
-                ("ClusterRole", fullname, role.metadata.uid)
-            ]
+            lease = client.CoordinationV1Api(admin).read_namespaced_lease(fullname, ns)
+            assert lease.spec.holder_identity == f"{socket.gethostname()}-{operator.process.pid}"
         finally:
             operator.stop()
             kubectl(cluster, "delete", "-n", watched, "-f", str(EXAMPLE), "--wait=false")
-
-
-def peering(admin: client.ApiClient, name: str) -> dict | None:
-    return get_or_none(
-        lambda n, _ns: client.CustomObjectsApi(admin).get_cluster_custom_object(
-            "kopf.dev", "v1", "clusterkopfpeerings", n
-        ),
-        name,
-        "",
-    )
 
 
 @pytest.fixture
@@ -269,16 +249,13 @@ def test_uninstall_removes_everything_but_the_kept_crds(cluster: Cluster, releas
             (core.read_namespaced_config_map, f"{fullname}-dashboard", ns),
             (rbac.read_namespaced_role, fullname, release["watched"]),
             (rbac.read_namespaced_role_binding, fullname, release["watched"]),
+            (rbac.read_namespaced_role, f"{fullname}-leader-election", ns),
+            (rbac.read_namespaced_role_binding, f"{fullname}-leader-election", ns),
         ]
         for read, obj, namespace in gone:
             assert get_or_none(read, obj, namespace) is None, (read.__name__, obj)
         for read in (rbac.read_cluster_role, rbac.read_cluster_role_binding):
             assert get_or_none(lambda n, _ns, read=read: read(n), fullname, "") is None
-        wait_until(
-            "the garbage collector to delete the peering with its ClusterRole",
-            lambda: peering(admin, fullname) is None,
-            timeout=60,
-        )
         ext = client.ApiextensionsV1Api(admin)
         for crd in CRDS:
             assert ext.read_custom_resource_definition(crd).metadata.name == crd

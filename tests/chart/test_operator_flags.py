@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from spectune.operator import metrics
-from spectune.operator.cli import _priority
 
 
-def test_auto_priority_is_stable_per_host_and_differs_between_pods(monkeypatch) -> None:
-    monkeypatch.setattr(socket, "gethostname", lambda: "spectune-7d9f8-abcde")
-    first = _priority("auto")
-    assert first == _priority("auto") and 1 <= first <= 2**30
-    monkeypatch.setattr(socket, "gethostname", lambda: "spectune-7d9f8-xyz12")
-    assert _priority("auto") != first
-    assert _priority("7") == 7
+def test_leader_election_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart names the Lease; its namespace defaults to the pod's (resolved at run time)."""
+    from spectune.operator import cli
+
+    seen: list[tuple[str | None, str]] = []
+    monkeypatch.setattr(
+        cli,
+        "_run",
+        lambda a: seen.append((a.leader_election_namespace, a.leader_election_lease)) or 0,
+    )
+    cli.main(["run"])
+    cli.main(["run", "--leader-election-namespace=ops", "--leader-election-lease=sd"])
+    assert seen == [(None, "spectune-operator"), ("ops", "sd")]
 
 
 def test_metrics_follow_the_status() -> None:

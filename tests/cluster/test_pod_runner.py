@@ -55,7 +55,7 @@ def configured_engine(cluster: Cluster, tiny_pair: tuple[Path, Path]) -> Iterato
                     ],
                     "containers": [{
                         "name": "engine",
-                        "image": "spectune/engine:dev",
+                        "image": "ghcr.io/spectune/spectune-engine:dev",
                         "command": ["spectune-engine", "serve"],
                         "args": ["--config", "/etc/spectune/engine.yaml",
                                  "--admin-token-file", "/var/run/spectune/token",
@@ -165,7 +165,7 @@ def test_a_pod_whose_engine_exits_is_not_ready_and_says_why(
         "spec": {
             "containers": [{
                 "name": "engine",
-                "image": "spectune/engine:dev",
+                "image": "ghcr.io/spectune/spectune-engine:dev",
                 "args": ["--k", "0"],  # the engine refuses it and exits
                 "ports": [{"name": "http", "containerPort": PORT}],
             }],

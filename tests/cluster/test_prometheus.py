@@ -47,7 +47,7 @@ def engine_pod(cluster: Cluster, tiny_pair: tuple[Path, Path]) -> Iterator[Any]:
                     "containers": [
                         {
                             "name": "engine",
-                            "image": "spectune/engine:dev",
+                            "image": "ghcr.io/spectune/spectune-engine:dev",
                             "args": ["--model", "tiny-target", "--method", "ngram",
                                      "--device", "cpu"],
                             "ports": [{"name": "http", "containerPort": PORT}],

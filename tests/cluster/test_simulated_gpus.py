@@ -49,7 +49,7 @@ def engine_pod(product: str) -> dict[str, Any]:
         "spec": {
             "nodeSelector": {"nvidia.com/gpu.product": product},
             "containers": [{
-                "name": "engine", "image": "spectune/engine:dev",
+                "name": "engine", "image": "ghcr.io/spectune/spectune-engine:dev",
                 "args": ["--model", "tiny-target", "--method", "ngram", "--device", "cpu",
                          "--max-model-len", "256"],
                 "ports": [{"name": "http", "containerPort": PORT}],

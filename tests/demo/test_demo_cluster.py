@@ -114,7 +114,8 @@ def test_the_report_tells_what_the_run_measured(demo) -> None:
 def test_nothing_of_the_demo_keeps_running(cluster: Cluster, demo) -> None:
     """Its operator is gone, and so are its engine pods."""
     out, _ = demo
-    left = [c for c in command_lines() if "--peering=spectune-demo" in c or str(out) in c]
+    ours = ("--leader-election-lease=spectune-demo", str(out))
+    left = [c for c in command_lines() if any(o in c for o in ours)]
     assert not left, left
     assert not list((REPO / ".local" / "run").glob("demo-*.pid"))
     with cluster.api() as admin:

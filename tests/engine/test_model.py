@@ -13,54 +13,12 @@ from spectune.engine.checkpoint import load_checkpoint, save_checkpoint
 from spectune.engine.model import ModelConfig, Transformer
 from spectune.engine.model_runner import Feed, ModelRunner
 from spectune.engine.zoo.training import EOS_ID, byte_tokenizer
-
-COMMON = {
-    "vocab_size": 257,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-6,
-}
-HF_CONFIGS = {
-    "llama": (
-        transformers.LlamaConfig,
-        transformers.LlamaForCausalLM,
-        {
-            "rope_theta": 50000.0,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
-            },
-        },
-    ),
-    "qwen2": (
-        transformers.Qwen2Config,
-        transformers.Qwen2ForCausalLM,
-        {"tie_word_embeddings": True, "rope_theta": 1e6},
-    ),
-}
-
-
-def _hf_checkpoint(kind: str, path: Path) -> torch.nn.Module:
-    config_cls, model_cls, extra = HF_CONFIGS[kind]
-    torch.manual_seed(0)
-    model = model_cls(config_cls(**COMMON, **extra)).eval()
-    for p in model.parameters():  # random biases too, so q/k/v bias loading is checked
-        torch.nn.init.normal_(p, std=0.1)
-    model.save_pretrained(path)
-    byte_tokenizer().save(str(path / "tokenizer.json"))
-    return model
+from tests.support.hf_checkpoints import HF_CONFIGS, hf_checkpoint
 
 
 @pytest.mark.parametrize("kind", sorted(HF_CONFIGS))
 def test_logits_match_transformers(kind: str, tmp_path: Path) -> None:
-    hf = _hf_checkpoint(kind, tmp_path)
+    hf = hf_checkpoint(kind, tmp_path)
     ours = load_checkpoint(tmp_path, kind, torch.device("cpu"), torch.float32).model
     ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -54,6 +54,7 @@ DECISIONS = tuple(
         "fleet_memory",
         "scraping",
         "tuning",
+        "lease",
     )
 )
 IO = (

@@ -23,11 +23,7 @@ from .support import OPERATOR_NS, RULES, apply_files, own_operator, start_operat
 @pytest.fixture(scope="module")
 def admin(cluster: Cluster) -> Iterator[client.ApiClient]:
     api = cluster.api()
-    apply_files(
-        cluster,
-        REPO / "crds" / "specdeployments.spectune.io.yaml",
-        REPO / "crds" / "kopf-peering.yaml",
-    )
+    apply_files(cluster, REPO / "crds" / "specdeployments.spectune.io.yaml")
     wait_until("the CRDs to be served", lambda: _served(api))
     try:
         client.CoreV1Api(api).create_namespace({"metadata": {"name": OPERATOR_NS}})
@@ -39,7 +35,6 @@ def admin(cluster: Cluster) -> Iterator[client.ApiClient]:
 
 def _served(api: client.ApiClient) -> bool:
     client.CustomObjectsApi(api).list_cluster_custom_object(GROUP, VERSION, PLURAL)
-    client.CustomObjectsApi(api).list_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings")
     return True
 
 

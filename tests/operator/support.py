@@ -25,6 +25,7 @@ from tests.cluster.support import REPO, Cluster, is_loopback, sa_kubeconfig
 from tests.support.waiting import wait_until
 
 RULES = REPO / "charts" / "spectune" / "files" / "operator-rules.yaml"
+LEASE_RULES = REPO / "charts" / "spectune" / "files" / "leader-election-rules.yaml"
 KUBECTL = REPO / ".local" / "bin" / "kubectl"
 OPERATOR_NS = "spectune-system"
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -141,7 +142,8 @@ def delete_specdeployments(admin: client.ApiClient, namespace: str) -> None:
 
 
 def bind_operator(api: client.ApiClient, name: str, rules: list[dict]) -> None:
-    """A ServiceAccount `name` bound to a ClusterRole of these rules."""
+    """A ServiceAccount `name` bound to a ClusterRole of these rules, and, as the chart binds
+    it, to a Role of the leader-election rules in its own namespace."""
     rbac = client.RbacAuthorizationV1Api(api)
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -161,6 +163,13 @@ def bind_operator(api: client.ApiClient, name: str, rules: list[dict]) -> None:
     )
     rbac.create_cluster_role(role)
     rbac.create_cluster_role_binding(binding)
+    lease_role = role | {"kind": "Role", "rules": yaml.safe_load(LEASE_RULES.read_text())}
+    lease_binding = binding | {
+        "kind": "RoleBinding",
+        "roleRef": binding["roleRef"] | {"kind": "Role"},
+    }
+    rbac.create_namespaced_role(OPERATOR_NS, lease_role)
+    rbac.create_namespaced_role_binding(OPERATOR_NS, lease_binding)
 
 
 def start_operator(
@@ -168,18 +177,24 @@ def start_operator(
     admin: client.ApiClient,
     tmp: Path,
     rules: list[dict],
-    priority: int = 100,
+    instance: int = 100,
     log_level: str = "INFO",
     extra: Sequence[str] = (),
+    lease: str | None = None,
 ) -> OperatorProcess:
-    """The operator as a new ServiceAccount bound to `rules`, once the API server applies them."""
+    """The operator as a new ServiceAccount bound to `rules`, once the API server applies them.
+    `instance` picks its liveness port: operators running at once need different ones. It
+    elects itself by the Lease `lease` in OPERATOR_NS (its credentials' namespace, as a pod's
+    would be); by default one of its own, so that operators of other tests on this cluster
+    neither wait for it nor make it wait."""
     name = f"spectune-operator-{uuid.uuid4().hex[:6]}"
     bind_operator(admin, name, rules)
     kubeconfig = sa_kubeconfig(cluster, OPERATOR_NS, name, tmp / f"{name}.kubeconfig")
     with cluster.api(kubeconfig) as as_operator:  # the new binding reaches the authorizer
         wait_until("the operator's RBAC", lambda: _can_list(as_operator))
-    liveness = f"http://127.0.0.1:{8000 + priority}/healthz"
-    args = ["--priority", str(priority), "--liveness", liveness, "--log-level", log_level, *extra]
+    liveness = f"http://127.0.0.1:{8000 + instance}/healthz"
+    args = ["--leader-election-lease", lease or name, "--liveness", liveness,
+            "--log-level", log_level, *extra]  # fmt: skip
     return launch(kubeconfig, args, tmp / f"{name}.log")
 
 
@@ -227,22 +242,19 @@ def own_operator(
     admin: client.ApiClient,
     tmp: Path,
     prefix: str,
-    priority: int,
+    instance: int,
     extra: Sequence[str] = (),
     prometheus_url: str | None = None,
 ) -> Iterator[str]:
-    """A namespace watched by an operator of its own, reading the cluster's Prometheus (the
-    hand-configured one unless `prometheus_url` names another; its own
-    peering, so that operators of other test runs on this cluster neither pause it nor are
-    paused by it; the operator makes the peering, as its RBAC allows). `priority` also picks
-    its liveness port: operators running at once need different ones."""
+    """A namespace watched by an operator of its own (its own Lease too, see start_operator),
+    reading the cluster's Prometheus (the hand-configured one unless `prometheus_url` names
+    another). `instance` picks its liveness port."""
     namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    peering = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    core = client.CoreV1Api(admin)
     core.create_namespace({"metadata": {"name": namespace}})
     running = start_operator(
-        cluster, admin, tmp, yaml.safe_load(RULES.read_text()), priority=priority,
-        extra=["--namespace", namespace, "--peering", peering,
+        cluster, admin, tmp, yaml.safe_load(RULES.read_text()), instance=instance,
+        extra=["--namespace", namespace,
                "--prometheus-url", prometheus_url or cluster.prometheus_url, *extra],
     )  # fmt: skip
     try:
@@ -254,4 +266,3 @@ def own_operator(
             running.stop()
         print(running.log.read_text()[-3000:])
         core.delete_namespace(namespace)
-        custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)

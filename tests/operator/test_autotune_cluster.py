@@ -30,13 +30,24 @@ from .support import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# One engine per node (spec.engine.template's affinity, as a fleet spreading its pods would).
+ONE_PER_NODE = {
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "spectune-engine"}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    }
+}
 
 
 def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
     cluster: Cluster, admin: client.ApiClient, tuner: str
 ) -> None:
-    """No nodeSelector and five GPUs per pod: four replicas fill the four 8-GPU nodes, two H100,
-    an A100 and an L4, as a fleet in mid-migration would. Curves are grouped by the engines'
+    """No nodeSelector and one engine per node: four replicas fill the four GPU nodes, two
+    H100, an A100 and an L4, as a fleet in mid-migration would. Curves are grouped by the engines'
     `device`. The A100 pod gets traffic whose batch crosses its crossover: n-gram lookup with
     k=16 under sampled traffic (few drafted tokens accepted) crosses where this machine's load
     reaches, and the measured crossover is within one batch bucket of the device model's for
@@ -51,11 +62,12 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
     spec = body["spec"]
     spec["replicas"] = 4
     spec["engine"] |= {
-        "gpus": 5,
+        "gpus": 1,
         "nodeSelector": {},
         "podAnnotations": {"spectune.io/simulate-gpu": "true",
                            "spectune.io/simulate-time-scale": "4"},
         "maxBatchSize": 96,
+        "template": {"spec": {"affinity": ONE_PER_NODE}},
     }  # fmt: skip
     spec["speculation"] |= {"numSpeculativeTokens": 16}
     spec["speculation"]["threshold"]["max"] = 96

@@ -61,7 +61,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 BASE_EXPLORATION = 0.02  # tuning.explorationPercent's default, as a share
 LEASE = 20.0  # --exploration-lease: short, so that the killed operator's runs out in the test
-PRIORITY = 171
+INSTANCE = 171
 NAME = "tuned"
 # the shared deployment's load: the module's tests take some 15 minutes at most
 FLEET_SECONDS, FLEET_REQUESTS = 1500, 20000
@@ -105,14 +105,13 @@ class Operator:
     def __init__(
         self, cluster: Cluster, admin: client.ApiClient, tmp: Path, namespace: str, url: str
     ) -> None:
-        self.peering = f"lifecycle-{uuid.uuid4().hex[:6]}"
         self.args = (cluster, admin, tmp, yaml.safe_load(RULES.read_text()))
-        self.extra = ["--namespace", namespace, "--peering", self.peering,
+        self.extra = ["--namespace", namespace,
                       "--prometheus-url", url, "--exploration-lease", str(LEASE)]  # fmt: skip
         self.runs: list[OperatorProcess] = []
 
     def start(self) -> None:
-        self.runs.append(start_operator(*self.args, priority=PRIORITY, extra=self.extra))
+        self.runs.append(start_operator(*self.args, instance=INSTANCE, extra=self.extra))
 
     def kill(self) -> None:
         self.runs[-1].kill()
@@ -132,10 +131,10 @@ def watched(
     cluster: Cluster, admin: client.ApiClient, prometheus: OwnPrometheus, tmp_path_factory
 ) -> Iterator[tuple[str, Operator]]:
     namespace = f"lifecycle-{uuid.uuid4().hex[:8]}"
-    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    core = client.CoreV1Api(admin)
     core.create_namespace({"metadata": {"name": namespace}})
     operator = Operator(cluster, admin, tmp_path_factory.mktemp("op"), namespace, prometheus.url)
-    operator.start()  # it makes its peering
+    operator.start()
     yield namespace, operator
     try:
         delete_specdeployments(admin, namespace)
@@ -144,7 +143,6 @@ def watched(
     for run in operator.runs:
         print(f"--- {run.log.name}\n{run.log.read_text()[-2500:]}")
     core.delete_namespace(namespace)
-    custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", operator.peering)
 
 
 @dataclass

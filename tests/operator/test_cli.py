@@ -5,7 +5,6 @@ kopf's memo."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import kopf
 import pytest
@@ -14,12 +13,9 @@ from spectune.operator import cli
 from spectune.operator.prometheus import LabelNames
 
 
-def memo(monkeypatch: pytest.MonkeyPatch, *argv: str) -> kopf.Memo:
+def memo(*argv: str) -> kopf.Memo:
     """The memo `spectune-operator run ARGV` would give the handlers (kopf is not run)."""
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(kopf, "run", lambda **kw: seen.update(kw))
-    assert cli.main(["run", *argv]) == 0
-    return seen["memo"]
+    return cli.handler_memo(cli.parser().parse_args(["run", *argv]))
 
 
 def test_the_flags_name_every_label_the_reader_knows() -> None:
@@ -29,7 +25,7 @@ def test_the_flags_name_every_label_the_reader_knows() -> None:
 def test_label_names_default_to_the_readers(monkeypatch: pytest.MonkeyPatch) -> None:
     for target in cli.LABELS:
         monkeypatch.delenv(f"SPECTUNE_PROMETHEUS_{target.upper()}_LABEL", raising=False)
-    given = memo(monkeypatch, "--prometheus-url=http://prom:9090")
+    given = memo("--prometheus-url=http://prom:9090")
     assert given.prometheus_labels == LabelNames()
     assert given.prometheus_url == "http://prom:9090"
 
@@ -38,20 +34,26 @@ def test_label_names_from_flags_override_the_environment(monkeypatch: pytest.Mon
     monkeypatch.setenv("SPECTUNE_PROMETHEUS_NAMESPACE_LABEL", "kube_namespace")
     monkeypatch.setenv("SPECTUNE_PROMETHEUS_POD_LABEL", "kube_pod")
     monkeypatch.delenv("SPECTUNE_PROMETHEUS_INSTANCE_LABEL", raising=False)
-    given = memo(monkeypatch, "--prometheus-pod-label=pod_name", "--prometheus-instance-label=sd")
+    given = memo("--prometheus-pod-label=pod_name", "--prometheus-instance-label=sd")
     assert given.prometheus_labels == LabelNames(
         namespace="kube_namespace", pod="pod_name", instance="sd"
     )
 
 
 def test_the_exploration_lease_reaches_the_handlers_and_is_refused_below_two_resyncs(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert memo(monkeypatch).exploration_lease == 60.0
-    assert memo(monkeypatch, "--exploration-lease", "30").exploration_lease == 30.0
+    assert memo().exploration_lease == 60.0
+    assert memo("--exploration-lease", "30").exploration_lease == 30.0
     with pytest.raises(SystemExit) as exit_:
         cli.main(["run", "--exploration-lease", "5"])
     assert exit_.value.code == 2
     assert "--exploration-lease: must be between 20 and 86400 seconds, got 5" in (
         capsys.readouterr().err
     )
+
+
+def test_the_engine_image_flag_reaches_the_handlers_and_is_unset_by_default() -> None:
+    """Unset, the handlers run render.ENGINE_IMAGE (the chart always sets the flag)."""
+    assert memo().engine_image is None
+    assert memo("--engine-image", "reg.example/engine:2").engine_image == "reg.example/engine:2"

@@ -33,6 +33,12 @@ from .support import (
 )
 
 pytestmark = pytest.mark.cluster
+CLAIM = {"persistentVolumeClaim": {"claimName": "w"}}
+
+
+def template(**pod_spec: Any) -> dict[str, Any]:
+    """SpecDeployment fields with a pod template of `pod_spec`."""
+    return {"engine": {"template": {"spec": pod_spec}}}
 
 
 def test_create_gives_children_status_and_events(cluster, admin, operator, namespace) -> None:
@@ -151,6 +157,40 @@ def test_delete_garbage_collects_children(admin, operator, namespace) -> None:
             "threshold.value is required in Manual mode",
         ),
         ({"model": {}}, "spec.model.name: Required value"),
+        ({"engine": {"gpus": 2}}, "spec.engine.gpus"),
+        (
+            {"model": {"name": "/abs", "volume": CLAIM}},
+            "model.name is the checkpoint's directory inside it",
+        ),
+        (
+            {"model": {"name": "a/../../b", "volume": CLAIM}},
+            "a relative path without '..'",
+        ),
+        ({"speculation": {"draftVolume": CLAIM}}, "speculation.draft is the draft's directory"),
+        (template(containers=[{"name": "engine", "image": "x"}]), "the operator sets the engine"),
+        (template(containers=[{"name": "sidecar"}]), "only the engine container"),
+        (template(volumes=[{"name": "config", "emptyDir": {}}]), "volume names config"),
+        (
+            template(
+                containers=[
+                    {
+                        "name": "engine",
+                        "volumeMounts": [{"mountPath": "/etc/spectune", "name": "x"}],
+                    }
+                ]
+            ),
+            "mount paths /etc/spectune",
+        ),
+        (
+            template(
+                containers=[{"name": "engine", "resources": {"limits": {"nvidia.com/gpu": 2}}}]
+            ),
+            "nvidia.com/gpu comes from spec.engine.gpus",
+        ),
+        (
+            {"engine": {"template": {"metadata": {"labels": {"app.kubernetes.io/instance": "x"}}}}},
+            "select the engine pods",
+        ),
     ],
 )
 def test_invalid_specdeployments_are_rejected(admin, namespace, spec: dict, message: str) -> None:

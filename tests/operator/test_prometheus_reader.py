@@ -189,7 +189,7 @@ def engine_pod(cluster: Cluster, tiny_pair: tuple[Path, Path]) -> Iterator[Any]:
                     "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
                     "containers": [{
                         "name": "engine",
-                        "image": "spectune/engine:dev",
+                        "image": "ghcr.io/spectune/spectune-engine:dev",
                         "args": ["--model", "tiny-target", "--method", "ngram", "--device", "cpu",
                                  "--exploration", "0.3"],
                         "ports": [{"name": "http", "containerPort": PORT}],

@@ -203,3 +203,174 @@ def test_engines_are_scraped_once_by_a_pod_monitor_or_by_annotation(
     expected = {"prometheus.io/scrape": "true", "prometheus.io/port": "8100",
                 "prometheus.io/path": "/metrics"}  # fmt: skip
     assert scrape_annotations(objs) == (expected if annotated else {})
+
+
+CLAIMED = parse_spec(
+    {
+        "model": {"name": "llama/8b", "volume": {"persistentVolumeClaim": {"claimName": "w"}}},
+        "engine": {"gpus": 1},
+        "speculation": {
+            "method": "draft",
+            "draft": "llama-1b",
+            "draftVolume": {"persistentVolumeClaim": {"claimName": "w"}},
+        },
+    }
+)
+
+
+def pod_of(spec: SpecDeploymentSpec, **kwargs: object) -> dict:
+    config = render.engine_config(spec, 12, 2)
+    return render.deployment("llm", "ns", spec, config, **kwargs)["spec"]["template"]
+
+
+def test_weights_from_volumes_are_mounted_read_only_and_read_there() -> None:
+    config = render.engine_config(CLAIMED, 12, 2)
+    assert config["model"] == "/weights/model/llama/8b"
+    assert ServeSettings.model_validate(config).model_id == "llama/8b"
+    assert config["draft"] == "/weights/draft/llama-1b"
+    pod = pod_of(CLAIMED)["spec"]
+    container = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    claim = {"claimName": "w", "readOnly": True}
+    assert volumes["weights"]["persistentVolumeClaim"] == claim
+    assert volumes["draft-weights"]["persistentVolumeClaim"] == claim
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/weights/model"] == {
+        "name": "weights",
+        "mountPath": "/weights/model",
+        "readOnly": True,
+    }
+    assert mounts["/weights/draft"]["readOnly"] is True
+    # the same paths as arguments (a runtime that maps mounts rewrites arguments)
+    args = container["args"]
+    assert args[args.index("--model") + 1] == config["model"]
+    assert args[args.index("--draft") + 1] == config["draft"]
+
+
+def test_weights_in_the_image_take_no_volume_and_no_argument() -> None:
+    pod = pod_of(SPEC)["spec"]
+    assert {v["name"] for v in pod["volumes"]} == {"config", "admin-token"}
+    assert "--model" not in pod["containers"][0]["args"]
+    assert render.engine_config(SPEC, 12, 2)["model"] == "tiny-target"
+
+
+def test_a_gpu_pod_asks_the_engine_for_cuda_and_a_cpu_pod_does_not() -> None:
+    assert render.engine_config(SPEC, 12, 2)["device"] == "cuda"
+    cpu = SpecDeploymentSpec.model_validate({"model": {"name": "tiny-target"}})
+    assert "device" not in render.engine_config(cpu, 12, 2)
+
+
+def test_the_image_defaults_to_the_operators_and_a_spec_image_wins() -> None:
+    def image(spec: SpecDeploymentSpec, **kwargs: object) -> str:
+        return pod_of(spec, **kwargs)["spec"]["containers"][0]["image"]
+
+    assert image(SPEC) == render.ENGINE_IMAGE
+    assert render.ENGINE_IMAGE.startswith("ghcr.io/spectune/spectune-engine:")
+    assert image(SPEC, default_image="reg.example/engine:2") == "reg.example/engine:2"
+    pinned = changed(engine__image="reg.example/engine:1")
+    assert image(pinned, default_image="reg.example/engine:2") == "reg.example/engine:1"
+
+
+def test_the_default_pod_meets_pod_security_restricted() -> None:
+    """The restricted profile's checks (kubernetes.io/docs/concepts/security/pod-security-
+    standards); the local API server's admission proves it in test_pod_security.py."""
+    pod = pod_of(CLAIMED)["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = pod["containers"][0]["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    allowed = {"configMap", "secret", "persistentVolumeClaim", "emptyDir", "projected"}
+    assert all(set(v) - {"name"} <= allowed for v in pod["volumes"])
+
+
+TEMPLATE = {
+    "metadata": {"labels": {"team": "llm"}, "annotations": {"owner": "ml-platform"}},
+    "spec": {
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": {"pool": "gpu"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "serviceAccountName": "engines",
+        "priorityClassName": "inference",
+        "runtimeClassName": "nvidia",
+        "securityContext": {"fsGroup": 2000},
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "containers": [
+            {
+                "name": "engine",
+                "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                "resources": {"limits": {"memory": "64Gi"}},
+                "securityContext": {"readOnlyRootFilesystem": True},
+            }
+        ],
+    },
+}
+
+
+def test_a_template_is_merged_into_the_pod_and_the_defaults_it_does_not_name_stay() -> None:
+    spec = changed(engine__template=TEMPLATE)
+    pod = pod_of(spec)
+    assert pod["metadata"]["labels"]["team"] == "llm"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/instance"] == "llm"
+    assert pod["metadata"]["annotations"]["owner"] == "ml-platform"
+    assert render.CONFIG_HASH_ANNOTATION in pod["metadata"]["annotations"]
+    p = pod["spec"]
+    assert p["tolerations"] == TEMPLATE["spec"]["tolerations"]
+    # maps merge key by key: the spec's own nodeSelector and the template's
+    assert p["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": "gpu"}
+    assert p["serviceAccountName"] == "engines" and p["runtimeClassName"] == "nvidia"
+    assert p["imagePullSecrets"] == [{"name": "regcred"}]
+    assert p["securityContext"] == {**render.POD_SECURITY, "fsGroup": 2000}
+    assert [v["name"] for v in p["volumes"]] == ["shm", "config", "admin-token"]
+    (container,) = p["containers"]
+    assert container["env"] == [{"name": "HF_HUB_OFFLINE", "value": "1"}]
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {
+        "/dev/shm",
+        "/etc/spectune",
+        "/var/run/spectune",
+    }
+    assert container["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "1"}
+    assert container["resources"]["requests"]["cpu"] == "2"
+    assert container["securityContext"] == {
+        **render.CONTAINER_SECURITY,
+        "readOnlyRootFilesystem": True,
+    }
+
+
+def test_the_operators_own_fields_win_over_a_template() -> None:
+    """The CRD refuses such templates; the renderer would not obey one either."""
+    template = {
+        "metadata": {"labels": {"app.kubernetes.io/instance": "other"}},
+        "spec": {
+            "volumes": [{"name": "config", "emptyDir": {}}],
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "evil",
+                    "args": ["sh"],
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                }
+            ],
+        },
+    }
+    spec = changed(engine__template=template)  # pydantic checks no CEL rule
+    pod = render.deployment("llm", "ns", spec, render.engine_config(spec, 12, 2))["spec"]
+    assert pod["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "llm"
+    template_out = pod["template"]
+    assert template_out["metadata"]["labels"]["app.kubernetes.io/instance"] == "llm"
+    (container,) = template_out["spec"]["containers"]
+    assert container["image"] == render.ENGINE_IMAGE and container["args"][0] == "serve"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    (config,) = [v for v in template_out["spec"]["volumes"] if v["name"] == "config"]
+    assert config == {"name": "config", "configMap": {"name": "llm-engine-config"}}
+
+
+def test_strategic_merge_merges_named_lists_by_key_and_replaces_others() -> None:
+    base = {"env": [{"name": "A", "value": "1"}], "tolerations": [{"key": "a"}], "x": {"y": 1}}
+    patch = {"env": [{"name": "A", "value": "2"}, {"name": "B"}], "tolerations": [{"key": "b"}]}
+    assert render.strategic_merge(base, patch) == {
+        "env": [{"name": "A", "value": "2"}, {"name": "B"}],
+        "tolerations": [{"key": "b"}],
+        "x": {"y": 1},
+    }

@@ -35,10 +35,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{- define "spectune.peering" -}}
-{{- default (include "spectune.fullname" .) .Values.operator.peering }}
-{{- end }}
-
 {{/*
 The operator's rules (files/operator-rules.yaml, the one copy the tests bind too), split by
 scope: rules on cluster-scoped resources always go to a ClusterRole; the others go to the
@@ -46,7 +42,7 @@ ClusterRole when every namespace is watched, else to a Role in each watched name
 Call with (dict "root" $ "scope" "Cluster"|"Namespaced").
 */}}
 {{- define "spectune.rules" -}}
-{{- $clusterScoped := list "namespaces" "customresourcedefinitions" "clusterkopfpeerings" }}
+{{- $clusterScoped := list "namespaces" "customresourcedefinitions" }}
 {{- $out := list }}
 {{- range (.root.Files.Get "files/operator-rules.yaml" | fromYamlArray) }}
 {{- $cluster := true }}
