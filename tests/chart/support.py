@@ -87,3 +87,20 @@ def dashboard_exprs(variables: dict[str, str] | None = None) -> dict[str, str]:
         assert "$" not in expr, expr
         out[what] = expr
     return out
+
+
+def umbrella_chart(directory: Path, values: dict[str, Any]) -> Path:
+    """A parent chart `platform` in `directory` that depends on ours (its dependency built),
+    with `values` (a `global` section, the subchart's under `spectune`)."""
+    parent = directory / "platform"
+    parent.mkdir()
+    chart = {
+        "apiVersion": "v2",
+        "name": "platform",
+        "version": "1.0.0",
+        "dependencies": [{"name": "spectune", "version": "0.1.0", "repository": f"file://{CHART}"}],
+    }
+    (parent / "Chart.yaml").write_text(yaml.safe_dump(chart))
+    (parent / "values.yaml").write_text(yaml.safe_dump(values))
+    helm("dependency", "build", str(parent))
+    return parent

@@ -37,7 +37,7 @@ from tests.operator.support import (
 )
 from tests.support.waiting import wait_until
 
-from .support import CHART, VALUES, helm, template_args
+from .support import CHART, VALUES, helm, template_args, umbrella_chart
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("helm_binary")]
 
@@ -259,3 +259,38 @@ def test_uninstall_removes_everything_but_the_kept_crds(cluster: Cluster, releas
         ext = client.ApiextensionsV1Api(admin)
         for crd in CRDS:
             assert ext.read_custom_resource_definition(crd).metadata.name == crd
+
+
+def test_the_chart_installs_as_a_dependency_of_a_parent_that_sets_global(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """`helm install` of an umbrella chart whose values set `global`: the subchart's operator,
+    its Lease Role and its engine image arrive; the CRDs are left to the release that has
+    them (crds.install false), as a second installation in a cluster would."""
+    suffix = uuid.uuid4().hex[:6]
+    name, ns = f"platform-{suffix}", f"platform-{suffix}"
+    parent = umbrella_chart(
+        tmp_path,
+        {
+            "global": {"imageRegistry": "registry.example"},
+            "spectune": {
+                "crds": {"install": False},
+                "engine": {"image": {"repository": "registry.example/spectune-engine"}},
+                "operator": {"watchNamespaces": [ns]},
+            },
+        },
+    )
+    with cluster.api() as admin:
+        client.CoreV1Api(admin).create_namespace({"metadata": {"name": ns}})
+        try:
+            helm("install", name, str(parent), "--namespace", ns, kubeconfig=cluster.kubeconfig)
+            fullname = f"{name}-spectune"
+            deployment = client.AppsV1Api(admin).read_namespaced_deployment(fullname, ns)
+            (container,) = deployment.spec.template.spec.containers
+            assert "--engine-image=registry.example/spectune-engine:0.1.0" in container.args
+            rbac = client.RbacAuthorizationV1Api(admin)
+            assert rbac.read_namespaced_role(f"{fullname}-leader-election", ns).rules
+        finally:
+            helm("uninstall", name, "--namespace", ns, "--wait", check=False,
+                 kubeconfig=cluster.kubeconfig)  # fmt: skip
+            client.CoreV1Api(admin).delete_namespace(ns)

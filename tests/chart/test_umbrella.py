@@ -1,5 +1,6 @@
 """The chart as a dependency of an umbrella chart: the parent's `global` values reach every
-subchart, so the schema must let them through, and the parent's values for the subchart apply."""
+subchart, so the schema must let them through, and the parent's values for the subchart apply
+(test_chart_cluster.py installs such a parent)."""
 
 from __future__ import annotations
 
@@ -8,35 +9,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .support import CHART, KUBE_VERSION, helm, one
+from .support import KUBE_VERSION, helm, one, umbrella_chart
 
 pytestmark = [pytest.mark.tools, pytest.mark.usefixtures("helm_binary")]
 
 
 def test_a_parent_chart_that_sets_global_renders_and_lints(tmp_path: Path) -> None:
-    parent = tmp_path / "platform"
-    parent.mkdir()
-    (parent / "Chart.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v2",
-                "name": "platform",
-                "version": "1.0.0",
-                "dependencies": [
-                    {"name": "spectune", "version": "0.1.0", "repository": f"file://{CHART}"}
-                ],
-            }
-        )
+    parent = umbrella_chart(
+        tmp_path,
+        {
+            "global": {"foo": "bar"},
+            "spectune": {"replicas": 2, "engine": {"image": {"tag": "0.1.0-rc1"}}},
+        },
     )
-    (parent / "values.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "global": {"foo": "bar"},
-                "spectune": {"replicas": 2, "engine": {"image": {"tag": "0.1.0-rc1"}}},
-            }
-        )
-    )
-    helm("dependency", "build", str(parent))
     out = helm("template", "platform", str(parent), "--kube-version", KUBE_VERSION).stdout
     deployment = one([d for d in yaml.safe_load_all(out) if d], "Deployment")
     assert deployment["spec"]["replicas"] == 2
