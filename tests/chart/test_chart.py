@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,7 +14,7 @@ import yaml
 from spectune.operator.crd import crd_yaml
 from tests.cluster.support import REPO
 
-from .support import CHART, INVALID, KUBE_VERSION, VALUES, find, helm, one, render
+from .support import CHART, INVALID, KUBE_VERSION, VALUES, find, helm, one, render, template_args
 
 pytestmark = [pytest.mark.tools, pytest.mark.usefixtures("helm_binary")]
 RULES = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
@@ -286,3 +287,23 @@ def test_schema_rejects_invalid_values_naming_the_field(name: str) -> None:
 
 def test_every_invalid_file_is_checked() -> None:
     assert sorted(p.name for p in INVALID.glob("*.yaml")) == sorted(INVALID_FIELDS)
+
+
+def operator_down_alert(*values: Path, sets: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    args = [*template_args(*values), "--set", "monitoring.prometheusRule.enabled=true"]
+    for value in sets:
+        args += ["--set", value]
+    objs = [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+    rules = [r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    return next((r for r in rules if r["alert"] == "SpectuneOperatorDown"), None)
+
+
+def test_the_operator_down_alert_watches_the_job_that_scrapes_the_operator() -> None:
+    """The chart's ServiceMonitor's job (its Service's name), a job named in the values, or no
+    alert at all where nothing is known to scrape the operator (it would always fire)."""
+    assert operator_down_alert() is None
+    chart_job = operator_down_alert(VALUES / "monitoring.yaml")
+    assert chart_job is not None
+    assert chart_job["expr"] == 'absent(up{job="spectune-metrics"} == 1)'
+    named = operator_down_alert(sets=("monitoring.prometheusRule.operatorJob=ops/spectune",))
+    assert named is not None and named["expr"] == 'absent(up{job="ops/spectune"} == 1)'

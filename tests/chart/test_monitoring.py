@@ -30,6 +30,7 @@ KNOWN = (
     set(contract.ALL_METRICS)
     | {f"{h}_{suffix}" for h in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
     | set(metrics.ALL_METRICS)
+    | {"up"}  # Prometheus's own, per target: the operator-down alert
 )
 
 
@@ -65,6 +66,7 @@ def test_alerts_parse_and_name_known_metrics(cluster: Cluster) -> None:
         "SpecDeploymentCalibrationFailing",
         "SpecDeploymentGoodputBelowTarget",
         "SpecDeploymentThresholdFlapping",
+        "SpectuneOperatorDown",
     }
     for rule in rules:
         assert parse(cluster, rule["expr"]) <= KNOWN, rule["alert"]
@@ -81,7 +83,8 @@ def test_alerts_parse_and_name_known_metrics(cluster: Cluster) -> None:
 def test_the_prometheus_operator_loads_the_alerts_into_its_prometheus(cluster: Cluster) -> None:
     """kube-prometheus-stack's path: the PrometheusRule, labelled as its `release` selects,
     becomes a rule file of the Prometheus the operator configures, where every alert
-    evaluates without error."""
+    evaluates without error; the operator-down alert is pending there, as no operator of this
+    release is scraped (the local cluster scrapes no Service)."""
     namespace = f"rules-{uuid.uuid4().hex[:8]}"
     kubectl(cluster, "create", "namespace", namespace)
     try:
@@ -91,19 +94,22 @@ def test_the_prometheus_operator_loads_the_alerts_into_its_prometheus(cluster: C
         kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(rule))
         want = {r["alert"] for group in rule["spec"]["groups"] for r in group["rules"]}
 
-        def evaluated() -> dict[str, str] | None:
+        def evaluated() -> dict[str, dict[str, Any]] | None:
             data = cluster.prometheus("/api/v1/rules", url=cluster.kps_prometheus_url)
-            health = {
-                r["name"]: r["health"]
+            rules = {
+                r["name"]: r
                 for group in data["groups"]
                 # the operator names the file <namespace>-<name>-<uid>.yaml
                 if f"/{namespace}-{rule['metadata']['name']}-" in group["file"]
                 for r in group["rules"]
             }
-            return health if set(health) == want and "unknown" not in health.values() else None
+            done = set(rules) == want and all(r["health"] != "unknown" for r in rules.values())
+            return rules if done else None
 
-        health = wait_until("the alerts evaluated in the kps Prometheus", evaluated, timeout=120)
-        assert set(health.values()) == {"ok"}, health
+        rules = wait_until("the alerts evaluated in the kps Prometheus", evaluated, timeout=120)
+        assert {name: r["health"] for name, r in rules.items()} == dict.fromkeys(want, "ok")
+        assert rules["SpectuneOperatorDown"]["state"] == "pending"  # for: 5m
+        assert rules["SpecDeploymentDegraded"]["state"] == "inactive"
     finally:
         kubectl(cluster, "delete", "namespace", namespace, "--wait=false")
 
