@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from spectune.operator.prometheus import LabelNames
     from spectune.operator.render import PodMonitorSettings
 
-# The target labels naming an engine's namespace, pod and SpecDeployment (LabelNames' fields).
-LABELS = ("namespace", "pod", "instance")
+# The target labels naming an engine's namespace and pod (LabelNames' fields).
+LABELS = ("namespace", "pod")
 # A Kubernetes label (an optional DNS-subdomain prefix, a name of up to 63 characters) and a
 # Prometheus duration, as the PodMonitor schema takes them.
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"

@@ -120,7 +120,8 @@ def observe(
     now: datetime,
 ) -> autotune.Observation:
     """Read this SpecDeployment's engines from Prometheus (blocking: the daemon's thread)."""
-    selector = Selector(namespace, name, memo.prometheus_labels)
+    names = tuple(sorted(p["metadata"]["name"] for p in pods))
+    selector = Selector(namespace, names, memo.prometheus_labels)
     reader = prometheus(memo.prometheus_url)
     interval = memo.get("scrape_interval")
     seen = tuning.observe(
@@ -136,7 +137,6 @@ def observe(
             targets_of(memo.prometheus_url).get(now.timestamp(), reader.targets),
             pods,
             namespace,
-            name,
             selector.labels,
         ),
     )

@@ -17,11 +17,11 @@ class MetricsUnavailable(Exception):
 
 @dataclass(frozen=True)
 class LabelNames:
-    """Target label names for the engines' namespace, pod and SpecDeployment instance."""
+    """Target label names for the engines' namespace and pod: what every pod scrape carries
+    (the Prometheus Operator's and Kubernetes pod discovery's usual names by default)."""
 
     namespace: str = "namespace"
     pod: str = "pod"
-    instance: str = "app_kubernetes_io_instance"
 
 
 @dataclass(frozen=True)

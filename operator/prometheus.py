@@ -1,15 +1,14 @@
 """Reading one SpecDeployment's engines from Prometheus (prometheus-api-client).
 
 Every query is built from the names in engine/contract.py. Engines are selected by their
-namespace and instance labels, whose names differ between Prometheus setups: the defaults
-are what the local cluster's pod discovery gives (hack/cluster/prometheus.yml.in maps the
-pod's `app.kubernetes.io/instance` label to `app_kubernetes_io_instance`); a PodMonitor
-needs podTargetLabels or other names. Queries return per-pod series (one per pod and engine
-label set, `max by` them: a pod that two jobs scrape counts once) that are summed here, over
-the pods whose `spectune_engine_info` is fresh, so that one stale or vanished pod
-cannot lend old data to the window, and warm, so that a pod that just started (a counter's
-first scrape is no increase, its first steps no steady state) does not either. Missing data
-is None (unknown), never zero;
+namespace and pod names (the operator lists its pods in the API server), which any pod scrape
+carries; the label names differ between Prometheus setups (`LabelNames`: by default
+`namespace` and `pod`, what the Prometheus Operator and Kubernetes pod discovery give). Queries
+return per-pod series (one per pod and engine label set, `max by` them: a pod that two jobs
+scrape counts once) that are summed here, over the pods whose `spectune_engine_info` is fresh,
+so that one stale or vanished pod cannot lend old data to the window, and warm, so that a pod
+that just started (a counter's first scrape is no increase, its first steps no steady state)
+does not either. Missing data is None (unknown), never zero;
 Prometheus down or answering garbage raises `PrometheusUnavailable`.
 
 The client is synchronous (requests): handlers call `read` through
@@ -48,15 +47,24 @@ def _quote(value: str) -> str:
 
 @dataclass(frozen=True)
 class Selector:
-    """One SpecDeployment's engines, as PromQL label matchers."""
+    """One SpecDeployment's engines, as PromQL label matchers: its namespace and the names of
+    its pods, which the operator lists in the API server and every pod scrape carries (the
+    Prometheus Operator adds `namespace` and `pod` to a PodMonitor's targets by itself)."""
 
     namespace: str
-    instance: str
+    pods: tuple[str, ...]
     labels: LabelNames = field(default_factory=LabelNames)
 
     def matchers(self, **extra: str) -> str:
-        pairs = {self.labels.namespace: self.namespace, self.labels.instance: self.instance}
-        return "{" + ",".join(f"{k}={_quote(v)}" for k, v in (pairs | extra).items()) + "}"
+        # pod names are [a-z0-9.-]: only a dot means more in a regex; no pod yet: "-", a name
+        # no pod has, so that nothing matches
+        names = "|".join(pod.replace(".", r"\.") for pod in sorted(self.pods)) or "-"
+        pairs = [
+            f"{self.labels.namespace}={_quote(self.namespace)}",
+            f"{self.labels.pod}=~{_quote(names)}",
+            *(f"{k}={_quote(v)}" for k, v in extra.items()),
+        ]
+        return "{" + ",".join(pairs) + "}"
 
 
 class PrometheusReader:

@@ -389,9 +389,10 @@ DEFAULT_POD_MONITOR = PodMonitorSettings()
 def pod_monitor(
     name: str, namespace: str, settings: PodMonitorSettings = DEFAULT_POD_MONITOR
 ) -> dict[str, Any]:
-    """One scrape of every engine of the SpecDeployment. The pod's instance label becomes a
-    target label (`app_kubernetes_io_instance`): the operator's queries select by it, and the
-    Prometheus Operator adds only namespace, pod, container and job by itself."""
+    """One scrape of every engine of the SpecDeployment. The Prometheus Operator adds
+    namespace, pod, container and job by itself (the operator reads by namespace and pod); the
+    pod's instance label becomes a target label too (`app_kubernetes_io_instance`), which the
+    chart's alerts and dashboard group by."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",

@@ -55,17 +55,14 @@ def why_unscraped(
     targets: Sequence[ScrapeTarget],
     pods: Sequence[str],
     namespace: str,
-    instance: str,
     names: LabelNames,
 ) -> dict[str, str]:
-    """Pod -> the likeliest reason its engine series are missing (the SpecDeployment `instance`
-    in `namespace`, its series selected by the label `names`)."""
-    return {pod: _why(targets, pod, namespace, instance, names) for pod in pods}
+    """Pod -> the likeliest reason its engine series are missing (`pods` in `namespace`, their
+    series selected by the label `names`)."""
+    return {pod: _why(targets, pod, namespace, names) for pod in pods}
 
 
-def _why(
-    targets: Sequence[ScrapeTarget], pod: str, namespace: str, instance: str, names: LabelNames
-) -> str:
+def _why(targets: Sequence[ScrapeTarget], pod: str, namespace: str, names: LabelNames) -> str:
     mine = [t for t in targets if _of(t, pod, namespace, names)]
     if not mine:
         return "Prometheus has no target for it: no PodMonitor or scrape config selects the pod"
@@ -75,7 +72,7 @@ def _why(
         return f"Prometheus discovers it ({pools}) but its relabeling drops it"
     if all(t.health == "down" for t in active):
         return f"its scrape fails ({active[0].pool}: {active[0].error[:160]})"
-    want = {names.namespace: namespace, names.pod: pod, names.instance: instance}
+    want = {names.namespace: namespace, names.pod: pod}
     for t in active:
         wrong = sorted(k for k, v in want.items() if t.labels.get(k) != v)
         if wrong:

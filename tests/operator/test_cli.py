@@ -33,11 +33,8 @@ def test_label_names_default_to_the_readers(monkeypatch: pytest.MonkeyPatch) -> 
 def test_label_names_from_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECTUNE_PROMETHEUS_NAMESPACE_LABEL", "kube_namespace")
     monkeypatch.setenv("SPECTUNE_PROMETHEUS_POD_LABEL", "kube_pod")
-    monkeypatch.delenv("SPECTUNE_PROMETHEUS_INSTANCE_LABEL", raising=False)
-    given = memo("--prometheus-pod-label=pod_name", "--prometheus-instance-label=sd")
-    assert given.prometheus_labels == LabelNames(
-        namespace="kube_namespace", pod="pod_name", instance="sd"
-    )
+    given = memo("--prometheus-pod-label=pod_name")
+    assert given.prometheus_labels == LabelNames(namespace="kube_namespace", pod="pod_name")
 
 
 def test_the_exploration_lease_reaches_the_handlers_and_is_refused_below_two_resyncs(

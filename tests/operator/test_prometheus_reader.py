@@ -5,6 +5,7 @@ answers garbage."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
@@ -43,11 +44,12 @@ WINDOW = 120
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def test_matchers_use_the_configured_label_names_and_quote_values() -> None:
-    default = Selector("ns-1", "my-sd")
-    assert default.matchers() == '{namespace="ns-1",app_kubernetes_io_instance="my-sd"}'
-    custom = Selector("ns", 'a"b\\c', LabelNames(namespace="kube_ns", instance="job"))
-    assert custom.matchers(outcome="ok") == r'{kube_ns="ns",job="a\"b\\c",outcome="ok"}'
+def test_matchers_select_pods_by_name_with_the_configured_label_names() -> None:
+    default = Selector("ns-1", ("llm-b", "llm.a"))
+    assert default.matchers() == r'{namespace="ns-1",pod=~"llm-b|llm\\.a"}'
+    custom = Selector('a"b\\c', ("x-0",), LabelNames(namespace="kube_ns", pod="kube_pod"))
+    assert custom.matchers(outcome="ok") == r'{kube_ns="a\"b\\c",kube_pod=~"x-0",outcome="ok"}'
+    assert Selector("ns", ()).matchers() == '{namespace="ns",pod=~"-"}'  # no pod: matches none
 
 
 class Recorded:
@@ -76,12 +78,14 @@ def test_engines_that_just_started_are_left_out_by_the_query() -> None:
     info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
     client = Recorded([info])
     reader = PrometheusReader("http://unused", warm_up_seconds=20, client=client)
-    engines = reader.engines(Selector("ns", "sd"))
+    engines = reader.engines(Selector("ns", ("e-0",)))
     assert engines["e-0"].age_seconds == 5.0
-    info_sel = 'spectune_engine_info{namespace="ns",app_kubernetes_io_instance="sd"}'
+    info_sel = 'spectune_engine_info{namespace="ns",pod=~"e-0"}'
     assert client.queries == [f"timestamp({info_sel}) and {info_sel} offset 20000ms"]
     cold = Recorded([info])
-    PrometheusReader("http://unused", warm_up_seconds=0, client=cold).engines(Selector("ns", "sd"))
+    PrometheusReader("http://unused", warm_up_seconds=0, client=cold).engines(
+        Selector("ns", ("e-0",))
+    )
     assert cold.queries == [f"timestamp({info_sel})"]
 
 
@@ -91,7 +95,7 @@ def test_one_read_evaluates_every_query_at_one_instant() -> None:
     info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
 
     client = Instants([info])
-    PrometheusReader("http://unused", client=client).read(Selector("ns", "sd"), WINDOW)
+    PrometheusReader("http://unused", client=client).read(Selector("ns", ("e-0",)), WINDOW)
     assert client.queries[0] == "vector(time())"
     assert len(client.queries) > 10 and client.times[0] is None
     assert set(client.times[1:]) == {1000.0}
@@ -102,7 +106,7 @@ def test_each_pods_series_are_keyed_by_the_engines_labels_before_they_are_summed
     and the engine's own labels keeps one of each (the real Prometheus runs it below)."""
     info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
     client = Instants([info])
-    PrometheusReader("http://unused", client=client).read(Selector("ns", "sd"), WINDOW)
+    PrometheusReader("http://unused", client=client).read(Selector("ns", ("e-0",)), WINDOW)
     sums = [q for q in client.queries if "increase(" in q]
     assert len(sums) == 14 and all(q.startswith("sum by (pod") for q in sums)
     step = next(q for q in sums if f"{contract.STEP_SECONDS}_count" in q)
@@ -119,18 +123,20 @@ def test_the_scrape_interval_is_read_from_the_samples_and_stretches_staleness() 
         {"metric": {"pod": "e-1"}, "values": [[905.0, "1"], [935.0, "1"]]},
     ]
     reader = PrometheusReader("http://unused", client=Recorded(series))
-    assert reader.scrape_interval(Selector("ns", "sd"), 1000.0) == 30.0
+    assert reader.scrape_interval(Selector("ns", ("e-0",)), 1000.0) == 30.0
     assert reader.client.times == [1000.0]
     assert (
-        PrometheusReader("http://unused", client=Recorded([])).scrape_interval(Selector("ns", "sd"))
+        PrometheusReader("http://unused", client=Recorded([])).scrape_interval(
+            Selector("ns", ("e-0",))
+        )
         is None
     )
     info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "955.0"]}  # 45 s old
     client = Recorded([info])
     reader = PrometheusReader("http://unused", client=client)
-    assert "e-0" in reader.engines(Selector("ns", "sd"), 1000.0, interval=30.0)
+    assert "e-0" in reader.engines(Selector("ns", ("e-0",)), 1000.0, interval=30.0)
     assert client.queries[-1].endswith("offset 60000ms")  # two scrapes back
-    assert "e-0" not in reader.engines(Selector("ns", "sd"), 1000.0)  # 30 s staleness
+    assert "e-0" not in reader.engines(Selector("ns", ("e-0",)), 1000.0)  # 30 s staleness
 
 
 def test_prometheus_down_is_an_error_not_unknown() -> None:
@@ -139,7 +145,7 @@ def test_prometheus_down_is_an_error_not_unknown() -> None:
         port = s.getsockname()[1]
     reader = PrometheusReader(f"http://127.0.0.1:{port}", timeout_seconds=2)
     with pytest.raises(PrometheusUnavailable):
-        reader.read(Selector("ns", "sd"), WINDOW)
+        reader.read(Selector("ns", ("e-0",)), WINDOW)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +168,7 @@ def test_garbage_from_prometheus_is_an_error(body: bytes) -> None:
     try:
         reader = PrometheusReader(f"http://127.0.0.1:{server.server_port}", timeout_seconds=2)
         with pytest.raises(PrometheusUnavailable):
-            reader.engines(Selector("ns", "sd"))
+            reader.engines(Selector("ns", ("e-0",)))
     finally:
         server.shutdown()
 
@@ -253,7 +259,7 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
 ) -> None:
     ns, name = engine_pod.metadata.namespace, engine_pod.metadata.name
     reader = PrometheusReader(cluster.prometheus_url)
-    mine = Selector(ns, INSTANCE)
+    mine = Selector(ns, (name,))
     wait_until("Prometheus to scrape the engine", lambda: reader.engines(mine), timeout=60)
 
     sent = drive(f"http://{engine_pod.status.pod_ip}:{PORT}", seconds=15)
@@ -297,23 +303,16 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
     assert again is not None and again == pytest.approx(float(real[0]["value"][1]), rel=0.05)
 
 
-@pytest.fixture
-def scraped_twice(tmp_path: Path, engine_pod: Any) -> Iterator[str]:
-    """A second Prometheus that scrapes the engine pod in two jobs, as a cluster does that has
-    annotation discovery and a PodMonitor both: every series twice, told apart only by `job`.
-    Yields its URL."""
-    pod = engine_pod
-    target = {
-        "targets": [f"{pod.status.pod_ip}:{PORT}"],
-        "labels": {"namespace": pod.metadata.namespace, "pod": pod.metadata.name,
-                   "app_kubernetes_io_instance": INSTANCE},
-    }  # fmt: skip
+@contextlib.contextmanager
+def private_prometheus(
+    tmp_path: Path, pod: Any, labels: dict[str, str], jobs: tuple[str, ...]
+) -> Iterator[str]:
+    """A Prometheus of its own that scrapes the engine pod every 2 s in each of `jobs`, its
+    series carrying `labels`; yields its URL."""
+    target = {"targets": [f"{pod.status.pod_ip}:{PORT}"], "labels": labels}
     config = {
         "global": {"scrape_interval": "2s", "scrape_timeout": "2s"},
-        "scrape_configs": [
-            {"job_name": job, "static_configs": [target]}
-            for job in ("kubernetes-pods", "podmonitor/engines")
-        ],
+        "scrape_configs": [{"job_name": job, "static_configs": [target]} for job in jobs],
     }
     (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
     port = free_port()
@@ -325,12 +324,50 @@ def scraped_twice(tmp_path: Path, engine_pod: Any) -> Iterator[str]:
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until("the second Prometheus to be ready", lambda: HTTP.open(f"{url}/-/ready"))
+        wait_until("the private Prometheus to be ready", lambda: HTTP.open(f"{url}/-/ready"))
         yield url
     finally:
         prometheus.terminate()
         prometheus.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture
+def scraped_twice(tmp_path: Path, engine_pod: Any) -> Iterator[str]:
+    """A second Prometheus that scrapes the engine pod in two jobs, as a cluster does that has
+    annotation discovery and a PodMonitor both: every series twice, told apart only by `job`.
+    Yields its URL."""
+    meta = engine_pod.metadata
+    labels = {"namespace": meta.namespace, "pod": meta.name, "app_kubernetes_io_instance": INSTANCE}
+    with private_prometheus(
+        tmp_path, engine_pod, labels, ("kubernetes-pods", "podmonitor/engines")
+    ) as url:
+        yield url
+
+
+@pytest.mark.cluster
+def test_engines_are_read_by_pod_names_without_the_instance_label(
+    tmp_path: Path, engine_pod: Any
+) -> None:
+    """Only the target labels the Prometheus Operator gives a PodMonitor's targets by itself
+    (no podTargetLabels): the engine is found and its requests counted by namespace and pod
+    name, which the operator has from the API server; the instance label finds nothing."""
+    meta = engine_pod.metadata
+    labels = {"namespace": meta.namespace, "pod": meta.name, "container": "engine"}
+    job = f"podMonitor/{meta.namespace}/engines/0"
+    with private_prometheus(tmp_path, engine_pod, labels, (job,)) as url:
+        reader = PrometheusReader(url)
+        by_pods = Selector(meta.namespace, (meta.name, "gone-0"))
+        wait_until("the engine found by its pod name", lambda: reader.engines(by_pods))
+        assert reader.engines(Selector(meta.namespace, ("gone-0",))) == {}
+        sent = drive(f"http://{engine_pod.status.pod_ip}:{PORT}", seconds=4)
+
+        def counted() -> FleetWindow | None:
+            window = reader.read(by_pods, WINDOW)
+            return window if (window.traffic.requests or 0) >= 0.8 * sent else None
+
+        window = wait_until("the requests counted", counted, timeout=60)
+        assert window.traffic.requests <= sent * 1.05
 
 
 @pytest.mark.cluster
@@ -340,7 +377,7 @@ def test_a_pod_two_jobs_scrape_counts_once(engine_pod: Any, scraped_twice: str) 
     would fail as many-to-many), its per-SKU panels grouped by the engine's device."""
     reader, mine = (
         PrometheusReader(scraped_twice),
-        Selector(engine_pod.metadata.namespace, INSTANCE),
+        Selector(engine_pod.metadata.namespace, (engine_pod.metadata.name,)),
     )
     wait_until("the second Prometheus to scrape the engine", lambda: reader.engines(mine))
     jobs = reader.client.custom_query(f"count by (job) ({contract.ENGINE_INFO}{mine.matchers()})")
@@ -389,30 +426,30 @@ class Later(PrometheusReader):
 
 @pytest.mark.cluster
 @pytest.mark.parametrize(
-    "instance, labels, ahead, warm_up",
+    "other_pod, labels, ahead, warm_up",
     [
-        ("another-instance", LabelNames(), 0.0, 15.0),  # nothing matches
-        (INSTANCE, LabelNames(instance="app"), 0.0, 15.0),  # a label name this setup lacks
-        (INSTANCE, LabelNames(), 100.0, 15.0),  # every series is 100 s old: stale
-        (INSTANCE, LabelNames(), 0.0, 86400.0),  # every engine counts as just started
+        (True, LabelNames(), 0.0, 15.0),  # no pod of that name: nothing matches
+        (False, LabelNames(pod="kube_pod"), 0.0, 15.0),  # a label name this setup lacks
+        (False, LabelNames(), 100.0, 15.0),  # every series is 100 s old: stale
+        (False, LabelNames(), 0.0, 86400.0),  # every engine counts as just started
     ],
 )
 def test_missing_stale_or_cold_data_is_unknown_not_zero(
     cluster: Cluster,
     engine_pod: Any,
-    instance: str,
+    other_pod: bool,
     labels: LabelNames,
     ahead: float,
     warm_up: float,
 ) -> None:
-    ns = engine_pod.metadata.namespace
+    ns, pod = engine_pod.metadata.namespace, engine_pod.metadata.name
     wait_until(
         "Prometheus to scrape the engine",
-        lambda: PrometheusReader(cluster.prometheus_url).engines(Selector(ns, INSTANCE)),
+        lambda: PrometheusReader(cluster.prometheus_url).engines(Selector(ns, (pod,))),
         timeout=60,
     )
     reader = Later(cluster.prometheus_url, ahead, warm_up)
-    window = reader.read(Selector(ns, instance, labels), WINDOW)
+    window = reader.read(Selector(ns, (f"{pod}-other" if other_pod else pod,), labels), WINDOW)
     assert window.engines == {} and window.steps == {} and window.skus == frozenset()
     assert window.traffic == Traffic(seconds=WINDOW)
     assert window.traffic.request_rate is None and window.traffic.acceptance is None

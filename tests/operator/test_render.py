@@ -10,7 +10,6 @@ import yaml
 from spectune.engine.serving.settings import ServeSettings
 from spectune.operator import autotune, render
 from spectune.operator.models import SpecDeploymentSpec, parse_spec
-from spectune.operator.prometheus import LabelNames
 
 SPEC = parse_spec(
     {
@@ -118,10 +117,11 @@ def test_service_and_pod_monitor_select_the_engine_pods() -> None:
     assert render.service("llm", "ns", SPEC)["spec"]["selector"] == render.selector("llm")
     monitor = render.pod_monitor("llm", "ns")
     assert monitor["spec"]["selector"]["matchLabels"] == render.selector("llm")
-    # the Prometheus Operator gives namespace and pod only; the reader selects by instance too
+    # the Prometheus Operator gives namespace and pod only (all the reader needs); the alerts
+    # and the dashboard group by the SpecDeployment's instance label too
     (target_label,) = monitor["spec"]["podTargetLabels"]
     sanitized = re.sub(r"[^a-zA-Z0-9_]", "_", target_label)  # as Prometheus names it
-    assert sanitized == LabelNames().instance and target_label in render.selector("llm")
+    assert sanitized == "app_kubernetes_io_instance" and target_label in render.selector("llm")
     assert render.selector_string("llm") == (
         "app.kubernetes.io/name=spectune-engine,app.kubernetes.io/instance=llm"
     )

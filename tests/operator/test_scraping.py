@@ -17,13 +17,13 @@ from spectune.operator.scraping import (
     why_unscraped,
 )
 
-NS, SD = "team-a", "llm"
+NS = "team-a"
 FOUND = {POD_META: "llm-0", NAMESPACE_META: NS}
-LABELS = {"namespace": NS, "pod": "llm-0", "app_kubernetes_io_instance": SD, "job": "pods"}
+LABELS = {"namespace": NS, "pod": "llm-0", "app_kubernetes_io_instance": "llm", "job": "pods"}
 
 
 def why(*targets: ScrapeTarget, names: LabelNames | None = None) -> str:
-    return why_unscraped(targets, ["llm-0"], NS, SD, names or LabelNames())["llm-0"]
+    return why_unscraped(targets, ["llm-0"], NS, names or LabelNames())["llm-0"]
 
 
 def test_each_cause_is_told_apart() -> None:
@@ -33,22 +33,34 @@ def test_each_cause_is_told_apart() -> None:
     assert why(dropped) == "Prometheus discovers it (kubernetes-pods) but its relabeling drops it"
     down = ScrapeTarget("podMonitor/team-a/llm/0", LABELS, FOUND, "down", "connection refused")
     assert why(down) == "its scrape fails (podMonitor/team-a/llm/0: connection refused)"
-    bare = {k: v for k, v in LABELS.items() if k != "app_kubernetes_io_instance"}
+    bare = {k: v for k, v in LABELS.items() if k != "namespace"}
     unlabelled = why(ScrapeTarget("podMonitor/team-a/llm/0", bare, FOUND, "up"))
-    assert "without the label(s) app_kubernetes_io_instance the operator selects" in unlabelled
-    assert "(its labels: job, namespace, pod;" in unlabelled
-    renamed = why(ScrapeTarget("pods", LABELS, FOUND, "up"), names=LabelNames(instance="sd"))
-    assert "without the label(s) sd the operator selects" in renamed
+    assert "without the label(s) namespace the operator selects" in unlabelled
+    assert "(its labels: app_kubernetes_io_instance, job, pod;" in unlabelled
+    renamed = why(ScrapeTarget("pods", LABELS, FOUND, "up"), names=LabelNames(pod="kube_pod"))
+    assert "without the label(s) kube_pod the operator selects" in renamed
     fine = ScrapeTarget("pods", LABELS, FOUND, "up")
     assert why(fine) == "scraped (pods) but no fresh spectune_engine_info series yet"
     # one of two jobs dropping it does not hide the one that scrapes it
     assert why(dropped, fine) == why(fine)
 
 
+def test_a_target_needs_no_instance_label() -> None:
+    """Namespace and pod are all the operator reads by: what a Prometheus Operator PodMonitor
+    without podTargetLabels carries."""
+    bare = {k: v for k, v in LABELS.items() if k != "app_kubernetes_io_instance"}
+    target = ScrapeTarget("podMonitor/team-a/llm/0", bare, FOUND, "up")
+    assert (
+        why(target)
+        == "scraped (podMonitor/team-a/llm/0) but no fresh spectune_engine_info series yet"
+    )
+
+
 def test_a_static_target_is_matched_by_its_labels() -> None:
     """Targets from static or file configs carry no pod discovery labels."""
-    static = ScrapeTarget("static", {**LABELS, "app_kubernetes_io_instance": "x"}, {}, "up")
-    assert "without the label(s) app_kubernetes_io_instance" in why(static)
+    static = ScrapeTarget("static", {**LABELS, "pod": "x"}, {}, "up")
+    assert why(static).startswith("Prometheus has no target for it")
+    assert why(ScrapeTarget("static", LABELS, {}, "up")).startswith("scraped (static)")
 
 
 class Targets:
