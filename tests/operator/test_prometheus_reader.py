@@ -367,7 +367,9 @@ def test_engines_are_read_by_pod_names_without_the_instance_label(
             return window if (window.traffic.requests or 0) >= 0.8 * sent else None
 
         window = wait_until("the requests counted", counted, timeout=60)
-        assert window.traffic.requests <= sent * 1.05
+        # not more: increase() extrapolates a series that starts inside the window by up to
+        # half a scrape interval at each edge (a CI run read 74.3 for 69 sent)
+        assert window.traffic.requests <= sent * 1.3
 
 
 @pytest.mark.cluster
