@@ -3,12 +3,12 @@
 Every query is built from the names in engine/contract.py. Engines are selected by their
 namespace and pod names (the operator lists its pods in the API server), which any pod scrape
 carries; the label names differ between Prometheus setups (`LabelNames`: by default
-`namespace` and `pod`, what the Prometheus Operator and Kubernetes pod discovery give). Queries
-return per-pod series (one per pod and engine label set, `max by` them: a pod that two jobs
-scrape counts once) that are summed here, over the pods whose `spectune_engine_info` is fresh,
-so that one stale or vanished pod cannot lend old data to the window, and warm, so that a pod
-that just started (a counter's first scrape is no increase, its first steps no steady state)
-does not either. Missing data is None (unknown), never zero;
+`namespace` and `pod`, what the Prometheus Operator and Kubernetes pod discovery give). A read
+asks which engines are fresh, so that one stale or vanished pod cannot lend old data to the
+window, and warm, so that a pod that just started (a counter's first scrape is no increase, its
+first steps no steady state) does not either; then every figure of the window over those pods
+in one query, aggregated in PromQL (`sum by`, `histogram_quantile`, the SKU joined from the
+info series), all at one evaluation time. Missing data is None (unknown), never zero;
 Prometheus down or answering garbage raises `PrometheusUnavailable`.
 
 The client is synchronous (requests): handlers call `read` through
@@ -34,7 +34,14 @@ from spectune.operator.observations import (
     MetricsUnavailable,
 )
 from spectune.operator.scraping import ScrapeTarget
-from spectune.operator.window import PerPod, fleet_window, freshness
+from spectune.operator.window import (
+    E2E_QUANTILE,
+    FIGURES,
+    SKU,
+    Figure,
+    fleet_window,
+    freshness,
+)
 
 
 class PrometheusUnavailable(MetricsUnavailable):
@@ -104,23 +111,6 @@ class PrometheusReader:
             raise PrometheusUnavailable(f"{query}: not {shape} vector: {result!r:.200}")
         return result
 
-    def _per_pod(
-        self,
-        query: str,
-        at: float,
-        pods: Mapping[str, EngineInfo],
-        pod_label: str,
-        by: tuple[str, ...] = (),
-    ) -> PerPod:
-        """(values of `by`) -> pod -> value, for the fresh, warm pods in `pods` only."""
-        out: PerPod = {}
-        for r in self._query(query, at):
-            pod = r["metric"].get(pod_label)
-            if pod in pods:
-                key = tuple(r["metric"].get(label, "") for label in by)
-                out.setdefault(key, {})[pod] = _number(r["value"][1], query)
-        return out
-
     def now(self) -> float:
         """Prometheus's own clock: every query of one read is evaluated at this instant, so
         a bucket's steps, tokens and seconds never straddle a scrape."""
@@ -184,23 +174,54 @@ class PrometheusReader:
             raise PrometheusUnavailable(f"/api/v1/targets: not a targets answer ({e!r})") from e
 
     def read(self, selector: Selector, window_seconds: int) -> FleetWindow:
-        """Step sums per (SKU, mode, bucket) and traffic over the last `window_seconds`."""
+        """Step sums per (SKU, mode, bucket) and traffic over the last `window_seconds`, in at
+        most four queries: the clock, the scrape interval, the engines, and every figure of
+        the window in one (none when no engine is fresh)."""
         at = self.now()
         interval = self.scrape_interval(selector, at)
         pods = self.engines(selector, at, interval)
-        sel, w, pod = selector.matchers(), f"[{int(window_seconds)}s]", selector.labels.pod
+        fresh = Selector(selector.namespace, tuple(pods), selector.labels)
+        answers: dict[str, dict[tuple[str, ...], float]] = {}
+        if pods:
+            query = window_query(fresh, int(window_seconds))
+            for r in self._query(query, at):
+                name = r["metric"].get(FIGURE_LABEL)
+                if (figure := FIGURES.get(name)) is not None:
+                    key = tuple(r["metric"].get(label, "") for label in figure.by)
+                    answers.setdefault(name, {})[key] = _number(r["value"][1], query)
+        return fleet_window(pods, window_seconds, answers, interval)
 
-        def increase(metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod:
-            # one series per pod and engine label set first: a pod two jobs scrape counts once
-            grouping, own = ",".join((pod, *by)), ",".join((pod, *c.own_labels(metric)))
-            matchers = selector.matchers(**labels)
-            query = f"sum by ({grouping}) (max by ({own}) (increase({metric}{matchers}{w})))"
-            return self._per_pod(query, at, pods, pod, by)
 
-        def mean_gauge(metric: str) -> dict[str, float]:
-            return self._per_pod(f"avg_over_time({metric}{sel}{w})", at, pods, pod).get((), {})
+FIGURE_LABEL = "spectune_figure"  # which figure a series of the window query answers
 
-        return fleet_window(pods, window_seconds, increase, mean_gauge, interval)
+
+def window_query(selector: Selector, window_seconds: int) -> str:
+    """Every figure of FIGURES over these engines as one PromQL query, each aggregated there
+    and told apart by the FIGURE_LABEL it carries."""
+    return " or ".join(
+        f'label_replace({figure_query(f, selector, window_seconds)}, "{FIGURE_LABEL}", '
+        f'"{name}", "", "")'
+        for name, f in FIGURES.items()
+    )
+
+
+def figure_query(figure: Figure, selector: Selector, window_seconds: int) -> str:
+    """One figure as PromQL. Each pod's series are first reduced to one per pod and engine
+    label set (`max by` them): a pod that two jobs scrape counts once. The SKU comes from the
+    pod's info series (a join), since the step series do not carry it."""
+    pod, w = selector.labels.pod, f"[{window_seconds}s]"
+    series = f"{figure.metric}{selector.matchers()}{w}"
+    if figure.kind in ("mean", "total"):
+        per_pod = f"max by ({pod}) (avg_over_time({series}))"
+        return f"{'avg' if figure.kind == 'mean' else 'sum'}({per_pod})"
+    own = ",".join((pod, *c.own_labels(figure.metric)))
+    per_pod = f"max by ({own}) (increase({series}))"
+    if figure.kind == "p95":
+        return f"histogram_quantile({E2E_QUANTILE}, sum by (le) ({per_pod}))"
+    if SKU in figure.by:
+        info = f"{c.ENGINE_INFO}{selector.matchers()}"
+        per_pod += f" * on ({pod}) group_left ({SKU}) group by ({pod},{SKU}) ({info})"
+    return f"sum by ({','.join(figure.by)}) ({per_pod})"
 
 
 def _target(t: Mapping[str, Any], dropped: bool) -> ScrapeTarget:

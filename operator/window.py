@@ -1,20 +1,58 @@
-"""A FleetWindow from per-pod series: how the reader sums what Prometheus returned, as a pure
-function of two queries (an increase over the window, a gauge's mean over it). The Prometheus
-reader answers them with PromQL; the fleet simulator answers them from the samples its scrapes
-took. Either way the steps are summed per SKU and the traffic over pods alike.
+"""A FleetWindow from the figures one read asks for: each an aggregate over the fresh, warm
+engines and the window (a counter's increase summed, a gauge's mean averaged or summed, a
+histogram's 95th percentile), grouped by a few labels, the SKU among them. The Prometheus reader
+asks them of Prometheus in one PromQL query, aggregated there; the fleet simulator answers them
+from the samples its scrapes took. Either way this module turns the answers into the steps per
+SKU and the traffic the state machine decides on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Protocol
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 from spectune.engine import contract as c
 from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.observations import EngineInfo, FleetWindow, Traffic
 
-# (values of the grouping labels) -> pod -> value
-PerPod = dict[tuple[str, ...], dict[str, float]]
+SKU = "device"  # grouping by it: by the `device` label of each pod's spectune_engine_info
+E2E_QUANTILE = 0.95
+
+# figure -> (values of its grouping labels) -> value over the fresh engines
+Answers = Mapping[str, Mapping[tuple[str, ...], float]]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One aggregate over the window and the fresh engines. `increase`: a counter's increase,
+    summed over pods; `mean`, `total`: a gauge's mean over the window, averaged or summed over
+    pods; `p95`: the 95th percentile of a histogram (`metric` its `_bucket` series) summed over
+    pods. Each pod counts once whoever scraped it (two jobs scraping a pod give it twice)."""
+
+    kind: Literal["increase", "mean", "total", "p95"]
+    metric: str
+    by: tuple[str, ...] = ()
+
+
+BY_STEP = (SKU, "mode", "batch")
+FIGURES: Mapping[str, Figure] = {
+    "steps": Figure("increase", f"{c.STEP_SECONDS}_count", BY_STEP),
+    "step_seconds": Figure("increase", f"{c.STEP_SECONDS}_sum", BY_STEP),
+    "step_tokens": Figure("increase", c.STEP_OUTPUT_TOKENS, BY_STEP),
+    "prefill_seconds": Figure("increase", c.DRAFT_PREFILL_SECONDS, (SKU, "batch")),
+    "requests": Figure("increase", c.REQUESTS, ("outcome",)),
+    "slo_met": Figure("increase", c.REQUESTS_SLO_MET),
+    "prompt_tokens": Figure("increase", c.PROMPT_TOKENS),
+    "drafted_tokens": Figure("increase", c.SPEC_DRAFT_TOKENS),
+    "accepted_tokens": Figure("increase", c.SPEC_ACCEPTED_TOKENS),
+    "inter_token_seconds": Figure("increase", f"{c.INTER_TOKEN_LATENCY}_sum"),
+    "inter_tokens": Figure("increase", f"{c.INTER_TOKEN_LATENCY}_count"),
+    "running": Figure("mean", c.NUM_REQUESTS_RUNNING),
+    "admitted": Figure("total", c.ADMITTED_CONCURRENCY),
+    "e2e_p95": Figure("p95", f"{c.E2E_REQUEST_LATENCY}_bucket"),
+}
 
 
 def freshness(stale_after: float, warm_up: float, interval: float | None) -> tuple[float, float]:
@@ -27,73 +65,54 @@ def freshness(stale_after: float, warm_up: float, interval: float | None) -> tup
     return max(stale_after, 3 * interval), max(warm_up, 2 * interval) if warm_up else 0.0
 
 
-class Increase(Protocol):
-    """A counter's increase over the window per pod, grouped by the labels `by`, over the
-    series whose labels match `labels`."""
-
-    def __call__(self, metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod: ...
-
-
 def fleet_window(
     pods: Mapping[str, EngineInfo],
     window_seconds: float,
-    increase: Increase,
-    mean_gauge: Callable[[str], dict[str, float]],
+    answers: Answers,
     scrape_interval: float | None = None,
 ) -> FleetWindow:
-    """Step sums per (SKU, mode, bucket) and traffic over the window, for `pods` only (the
-    fresh, warm ones): `increase` and `mean_gauge` return per-pod values."""
-    by_step = ("mode", "batch")
-    counts = increase(f"{c.STEP_SECONDS}_count", by=by_step)
-    seconds = increase(f"{c.STEP_SECONDS}_sum", by=by_step)
-    tokens = increase(c.STEP_OUTPUT_TOKENS, by=by_step)
-    prefill = increase(c.DRAFT_PREFILL_SECONDS, by=("batch",))
-    steps: dict[str, StatsByBucket] = {}
-    for (mode, batch), per_pod in counts.items():
-        if mode not in c.MODES or not batch.isdigit():
-            continue
-        for p, n in per_pod.items():
-            if p not in pods:
-                continue
-            spent = seconds.get((mode, batch), {}).get(p, 0.0)
-            if mode == "spec":
-                plain = tokens.get(("plain", batch), {}).get(p, 0.0)
-                spec = tokens.get(("spec", batch), {}).get(p, 0.0)
-                spent -= steady_prefill_excess(prefill.get((batch,), {}).get(p, 0.0), spec, plain)
-            stats = ModeStats(round(n), round(tokens.get((mode, batch), {}).get(p, 0.0)), spent)
-            if stats.steps > 0:
-                by_mode = steps.setdefault(pods[p].device, {})
-                key = (mode, int(batch))
-                by_mode[key] = by_mode.get(key, ModeStats()) + stats
+    """Step sums per (SKU, mode, bucket) and traffic over the window from the `answers` to
+    FIGURES, asked over `pods` (the fresh, warm engines) only. A figure without an answer is
+    unknown (None), never zero."""
 
-    def total(per: PerPod) -> float | None:
-        values = [v for per_pod in per.values() for p, v in per_pod.items() if p in pods]
+    def total(figure: str) -> float | None:
+        values = answers.get(figure, {}).values()
         return sum(values) if values else None
 
-    def gauge(metric: str) -> list[float]:
-        return [v for p, v in mean_gauge(metric).items() if p in pods]
+    def one(figure: str, *key: str) -> float | None:
+        value = answers.get(figure, {}).get(key)
+        return None if value is None or math.isnan(value) else value
 
-    running = gauge(c.NUM_REQUESTS_RUNNING)
-    admitted = gauge(c.ADMITTED_CONCURRENCY)
-    e2e = {
-        le: sum(v for p, v in per_pod.items() if p in pods)
-        for (le,), per_pod in increase(f"{c.E2E_REQUEST_LATENCY}_bucket", by=("le",)).items()
-    }
+    steps: dict[str, StatsByBucket] = {}
+    seconds, tokens = answers.get("step_seconds", {}), answers.get("step_tokens", {})
+    prefill = answers.get("prefill_seconds", {})
+    for (sku, mode, batch), n in answers.get("steps", {}).items():
+        if mode not in c.MODES or not batch.isdigit():
+            continue
+        spent = seconds.get((sku, mode, batch), 0.0)
+        if mode == "spec":
+            plain = tokens.get((sku, "plain", batch), 0.0)
+            spec = tokens.get((sku, "spec", batch), 0.0)
+            spent -= steady_prefill_excess(prefill.get((sku, batch), 0.0), spec, plain)
+        stats = ModeStats(round(n), round(tokens.get((sku, mode, batch), 0.0)), spent)
+        if stats.steps > 0:
+            steps.setdefault(sku, {})[(mode, int(batch))] = stats
+
     traffic = Traffic(
         seconds=float(window_seconds),
-        requests=total(increase(c.REQUESTS)),
-        slo_met=total(increase(c.REQUESTS_SLO_MET)),
-        ok_requests=total(increase(c.REQUESTS, outcome="ok")),
-        rejected_requests=total(increase(c.REQUESTS, outcome="rejected")),
-        prompt_tokens=total(increase(c.PROMPT_TOKENS)),
-        decode_tokens=total(tokens),
-        drafted_tokens=total(increase(c.SPEC_DRAFT_TOKENS)),
-        accepted_tokens=total(increase(c.SPEC_ACCEPTED_TOKENS)),
-        mean_running=sum(running) / len(running) if running else None,
-        admitted_concurrency=sum(admitted) if admitted else None,
-        e2e_p95_seconds=bucket_quantile(0.95, e2e),
-        inter_token_seconds=total(increase(f"{c.INTER_TOKEN_LATENCY}_sum")),
-        inter_tokens=total(increase(f"{c.INTER_TOKEN_LATENCY}_count")),
+        requests=total("requests"),
+        slo_met=total("slo_met"),
+        ok_requests=one("requests", "ok"),
+        rejected_requests=one("requests", "rejected"),
+        prompt_tokens=total("prompt_tokens"),
+        decode_tokens=total("step_tokens"),
+        drafted_tokens=total("drafted_tokens"),
+        accepted_tokens=total("accepted_tokens"),
+        mean_running=one("running"),
+        admitted_concurrency=one("admitted"),
+        e2e_p95_seconds=one("e2e_p95"),
+        inter_token_seconds=total("inter_token_seconds"),
+        inter_tokens=total("inter_tokens"),
         engines=float(len(pods)) if pods else None,
     )
     return FleetWindow(engines=pods, steps=steps, traffic=traffic, scrape_interval=scrape_interval)
@@ -106,7 +125,8 @@ def steady_prefill_excess(prefill: float, spec_tokens: float, plain_tokens: floa
     tokens. While exploring, spec steps produce only a share of the tokens yet meet every
     request's first spec step, so they carry the prefill of the tokens the plain steps made
     too: at calibration's even split, twice the steady share, which made the crossover of long
-    prompts read ~20% low (spectune-sim). What is excess: the plain tokens' share of it."""
+    prompts read ~20% low (spectune-sim). What is excess: the plain tokens' share of it, taken
+    over a SKU's engines together (they explore at one share)."""
     total = spec_tokens + plain_tokens
     return prefill * plain_tokens / total if total > 0 else 0.0
 

@@ -9,12 +9,20 @@ scraped has no series; a deleted pod's series end. Samples older than any window
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from spectune.engine import contract as c
 from spectune.operator.observations import EngineInfo, FleetWindow
-from spectune.operator.window import PerPod, fleet_window, freshness
+from spectune.operator.window import (
+    E2E_QUANTILE,
+    FIGURES,
+    SKU,
+    Figure,
+    bucket_quantile,
+    fleet_window,
+    freshness,
+)
 from spectune.sim.engine_pod import Labels, SeriesKey
 
 # What the reader's queries touch: everything else a pod exposes is not sampled.
@@ -27,7 +35,7 @@ QUERIED = frozenset(
         f"{c.INTER_TOKEN_LATENCY}_sum", f"{c.INTER_TOKEN_LATENCY}_count", c.ENGINE_INFO,
     }
 )  # fmt: skip
-QUERIES_PER_READ = 19  # now, scrape interval, engines, 16 in fleet_window: the real reader's
+QUERIES_PER_READ = 4  # the real reader's: the clock, the scrape interval, engines, the figures
 KEEP_SECONDS = 1800.0
 
 
@@ -125,30 +133,33 @@ class Scrapes:
                     for (name, lab), v in values.items():
                         by_metric.setdefault(name, {}).setdefault(lab, []).append((t, v))
 
-        def grouped(
-            metric: str,
-            by: tuple[str, ...],
-            labels: Mapping[str, str],
-            reduce: Callable[[list[tuple[float, float]]], float | None],
-        ) -> PerPod:
-            out: PerPod = {}
+        def answer(figure: Figure) -> dict[tuple[str, ...], float]:
+            """As PromQL aggregates it: per pod first (its series summed within each group),
+            then over pods."""
+            per_pod: dict[tuple[str, ...], list[float]] = {}
+            by_le: dict[str, float] = {}
             for pod, by_metric in index.items():
-                for lab, points in by_metric.get(metric, {}).items():
-                    d = dict(lab)
-                    if any(d.get(k) != v for k, v in labels.items()):
-                        continue
-                    value = reduce(points)
+                mine: dict[tuple[str, ...], float] = {}
+                for lab, points in by_metric.get(figure.metric, {}).items():
+                    d = {**dict(lab), SKU: pods[pod].device}
+                    if figure.kind in ("mean", "total"):
+                        value: float | None = sum(v for _, v in points) / len(points)
+                    else:
+                        value = increase(points, start, now)
                     if value is None:
                         continue
-                    per_pod = out.setdefault(tuple(d.get(label, "") for label in by), {})
-                    per_pod[pod] = per_pod.get(pod, 0.0) + value
-            return out
+                    if figure.kind == "p95":
+                        by_le[d["le"]] = by_le.get(d["le"], 0.0) + value
+                    key = tuple(d.get(label, "") for label in figure.by)
+                    mine[key] = mine.get(key, 0.0) + value
+                for key, value in mine.items():
+                    per_pod.setdefault(key, []).append(value)
+            if figure.kind == "p95":
+                p95 = bucket_quantile(E2E_QUANTILE, by_le)
+                return {} if p95 is None else {(): p95}
+            if figure.kind == "mean":
+                return {k: sum(v) / len(v) for k, v in per_pod.items()}
+            return {k: sum(v) for k, v in per_pod.items()}
 
-        def increase_of(metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod:
-            return grouped(metric, by, labels, lambda p: increase(p, start, now))
-
-        def mean_gauge(metric: str) -> dict[str, float]:
-            mean = grouped(metric, (), {}, lambda p: sum(v for _, v in p) / len(p))
-            return mean.get((), {})
-
-        return fleet_window(pods, window_seconds, increase_of, mean_gauge, self.interval)
+        answers = {name: found for name, f in FIGURES.items() if (found := answer(f))}
+        return fleet_window(pods, window_seconds, answers, self.interval)

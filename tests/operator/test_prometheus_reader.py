@@ -25,6 +25,7 @@ from kubernetes import client
 from spectune.engine import contract
 from spectune.operator.observations import Traffic
 from spectune.operator.prometheus import (
+    FIGURES,
     FleetWindow,
     LabelNames,
     PrometheusReader,
@@ -72,6 +73,14 @@ class Instants(Recorded):
         return result if query.startswith(("vector", "timestamp")) else []
 
 
+class Clock(Recorded):
+    """Only the clock answered: no engine is fresh."""
+
+    def custom_query(self, query: str, params: dict | None = None) -> list[dict[str, Any]]:
+        result = super().custom_query(query, params)
+        return result if query.startswith("vector") else []
+
+
 def test_engines_that_just_started_are_left_out_by_the_query() -> None:
     """Warm: the info series had a sample `warm_up_seconds` ago too (`and` keeps the left
     side's timestamps); the real Prometheus runs it in the cluster tests below."""
@@ -97,22 +106,36 @@ def test_one_read_evaluates_every_query_at_one_instant() -> None:
     client = Instants([info])
     PrometheusReader("http://unused", client=client).read(Selector("ns", ("e-0",)), WINDOW)
     assert client.queries[0] == "vector(time())"
-    assert len(client.queries) > 10 and client.times[0] is None
+    assert len(client.queries) == 4 and client.times[0] is None
     assert set(client.times[1:]) == {1000.0}
 
 
-def test_each_pods_series_are_keyed_by_the_engines_labels_before_they_are_summed() -> None:
-    """A pod two jobs scrape has each series twice, differing in `job` only: `max by` the pod
-    and the engine's own labels keeps one of each (the real Prometheus runs it below)."""
+def test_the_window_is_one_query_aggregated_in_promql_over_the_fresh_engines() -> None:
+    """Every figure in one query, summed by SKU (joined from the info series), mode and bucket,
+    or over the whole fleet, in Prometheus; each pod's series first reduced to one per engine
+    label set, so that a pod two jobs scrape counts once (the real Prometheus runs it below).
+    A pod that is not fresh is not in the query; with none fresh there is no window query."""
     info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
     client = Instants([info])
-    PrometheusReader("http://unused", client=client).read(Selector("ns", ("e-0",)), WINDOW)
-    sums = [q for q in client.queries if "increase(" in q]
-    assert len(sums) == 14 and all(q.startswith("sum by (pod") for q in sums)
-    step = next(q for q in sums if f"{contract.STEP_SECONDS}_count" in q)
-    assert "(max by (pod,mode,batch) (increase(" in step
-    e2e = next(q for q in sums if f"{contract.E2E_REQUEST_LATENCY}_bucket" in q)
-    assert "(max by (pod,le) (increase(" in e2e
+    reader = PrometheusReader("http://unused", client=client)
+    reader.read(Selector("ns", ("e-0", "e-1")), WINDOW)
+    query = client.queries[-1]
+    fresh = '{namespace="ns",pod=~"e-0"}'
+    steps = f"{contract.STEP_SECONDS}_count{fresh}[{WINDOW}s]"
+    assert (
+        f"sum by (device,mode,batch) (max by (pod,mode,batch) (increase({steps}))"
+        f" * on (pod) group_left (device) group by (pod,device) ({contract.ENGINE_INFO}{fresh}))"
+    ) in query
+    e2e = f"{contract.E2E_REQUEST_LATENCY}_bucket{fresh}[{WINDOW}s]"
+    assert f"histogram_quantile(0.95, sum by (le) (max by (pod,le) (increase({e2e}))))" in query
+    assert query.count("label_replace(") == len(FIGURES) and "e-1" not in query
+
+    clock = {"metric": {}, "value": [1000.0, "1000.0"]}
+    none_fresh = Clock([clock])
+    window = PrometheusReader("http://unused", client=none_fresh).read(
+        Selector("ns", ("e-0",)), WINDOW
+    )
+    assert len(none_fresh.queries) == 3 and window.traffic.requests is None
 
 
 def test_the_scrape_interval_is_read_from_the_samples_and_stretches_staleness() -> None:
@@ -292,8 +315,8 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
     assert t.mean_running is not None and t.mean_running >= 0
     assert t.admitted_concurrency is not None and t.admitted_concurrency >= 1
     assert t.mean_inter_token_seconds is not None and t.mean_inter_token_seconds > 0
-    # the p95 computed here from the bucket sums is what Prometheus' own histogram_quantile
-    # says over the same window (one engine: no cross-pod summing to differ)
+    # the p95 the combined window query carries is what histogram_quantile asked alone says
+    # over the same window (the figure survives label_replace and `or` unchanged)
     real = cluster.prometheus(
         "/api/v1/query",
         query=f"histogram_quantile(0.95, sum by (le) (increase("

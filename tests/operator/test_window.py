@@ -1,15 +1,14 @@
-"""fleet_window: per-pod series summed into what the state machine decides on, whoever
-answered the queries (the Prometheus reader or the fleet simulator)."""
+"""fleet_window: the answers to one read's figures turned into what the state machine decides
+on, whoever answered them (Prometheus for the reader, the fleet simulator's samples)."""
 
 from __future__ import annotations
 
 import pytest
 
-from spectune.engine import contract as c
 from spectune.engine.crossover import ModeStats
 from spectune.operator.observations import EngineInfo
 from spectune.operator.window import (
-    PerPod,
+    Answers,
     bucket_quantile,
     fleet_window,
     freshness,
@@ -21,28 +20,27 @@ def info(pod: str, device: str) -> EngineInfo:
     return EngineInfo(pod, device, "m", "d", "v", True, 1.0)
 
 
-SERIES: dict[str, PerPod] = {
-    f"{c.STEP_SECONDS}_count": {("spec", "8"): {"a": 10, "b": 5, "gone": 99}},
-    f"{c.STEP_SECONDS}_sum": {("spec", "8"): {"a": 0.1, "b": 0.2, "gone": 9.0}},
-    c.STEP_OUTPUT_TOKENS: {("spec", "8"): {"a": 200, "b": 90, "gone": 999}},
-    c.REQUESTS: {(): {"a": 4, "b": 6, "gone": 100}},
-}
-
-
-def increase(metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod:
-    if labels == {"outcome": "ok"} and metric == c.REQUESTS:
-        return {(): {"a": 3, "b": 5}}
-    return SERIES.get(metric, {})
-
-
-def test_steps_are_summed_per_sku_and_pods_not_fresh_lend_nothing() -> None:
-    pods = {"a": info("a", "L4"), "b": info("b", "L4")}
-    window = fleet_window(pods, 60, increase, lambda metric: {"a": 2.0, "gone": 50.0})
-    assert window.steps == {"L4": {("spec", 8): ModeStats(15, 290, pytest.approx(0.3))}}
-    assert window.traffic.requests == 10 and window.traffic.ok_requests == 8
-    assert window.traffic.mean_running == 2.0  # the stale pod's gauge is left out
-    assert window.traffic.slo_met is None  # no series: unknown, not zero
-    assert window.traffic.decode_tokens == 290
+def test_steps_are_per_sku_and_unknown_figures_are_none_not_zero() -> None:
+    pods = {"a": info("a", "L4"), "b": info("b", "H100")}
+    answers: Answers = {
+        "steps": {("L4", "spec", "8"): 15, ("H100", "plain", "8"): 4, ("L4", "spec", "x"): 9},
+        "step_seconds": {("L4", "spec", "8"): 0.3, ("H100", "plain", "8"): 0.1},
+        "step_tokens": {("L4", "spec", "8"): 290, ("H100", "plain", "8"): 4},
+        "requests": {("ok",): 8, ("rejected",): 1, ("error",): 1},
+        "running": {(): 2.0},
+        "e2e_p95": {(): float("nan")},  # histogram_quantile without observations
+    }
+    window = fleet_window(pods, 60, answers)
+    assert window.steps == {
+        "L4": {("spec", 8): ModeStats(15, 290, pytest.approx(0.3))},
+        "H100": {("plain", 8): ModeStats(4, 4, pytest.approx(0.1))},
+    }
+    t = window.traffic
+    assert t.requests == 10 and t.ok_requests == 8 and t.rejected_requests == 1
+    assert t.mean_running == 2.0 and t.engines == 2.0
+    assert t.slo_met is None and t.admitted_concurrency is None  # no answer: unknown
+    assert t.e2e_p95_seconds is None
+    assert t.decode_tokens == 294
 
 
 def test_bucket_quantile_interpolates_as_histogram_quantile_does() -> None:
@@ -58,17 +56,13 @@ def test_bucket_quantile_interpolates_as_histogram_quantile_does() -> None:
 def test_spec_steps_keep_only_their_steady_share_of_the_draft_prefill() -> None:
     """Half the bucket's tokens came from plain steps: half the prefill the spec steps paid
     belongs to the tokens those steps made, and is taken off the spec steps' time."""
-    series: dict[str, PerPod] = {
-        f"{c.STEP_SECONDS}_count": {("spec", "8"): {"a": 10}, ("plain", "8"): {"a": 10}},
-        f"{c.STEP_SECONDS}_sum": {("spec", "8"): {"a": 1.0}, ("plain", "8"): {"a": 0.5}},
-        c.STEP_OUTPUT_TOKENS: {("spec", "8"): {"a": 100}, ("plain", "8"): {"a": 100}},
-        c.DRAFT_PREFILL_SECONDS: {("8",): {"a": 0.2}},
+    answers: Answers = {
+        "steps": {("L4", "spec", "8"): 10, ("L4", "plain", "8"): 10},
+        "step_seconds": {("L4", "spec", "8"): 1.0, ("L4", "plain", "8"): 0.5},
+        "step_tokens": {("L4", "spec", "8"): 100, ("L4", "plain", "8"): 100},
+        "prefill_seconds": {("L4", "8"): 0.2},
     }
-
-    def inc(metric: str, by: tuple[str, ...] = (), **labels: str) -> PerPod:
-        return series.get(metric, {})
-
-    steps = fleet_window({"a": info("a", "L4")}, 60, inc, lambda m: {}).steps["L4"]
+    steps = fleet_window({"a": info("a", "L4")}, 60, answers).steps["L4"]
     assert steps[("spec", 8)].seconds == pytest.approx(0.9)  # 1.0 - 0.2 x 100/200
     assert steps[("plain", 8)].seconds == pytest.approx(0.5)
     assert steady_prefill_excess(0.2, 100, 0) == 0.0  # speculating throughout: all of it stays
