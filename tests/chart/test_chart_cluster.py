@@ -11,7 +11,6 @@ says how), and the CRD is put back as generated after the upgrade.
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
@@ -25,8 +24,7 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from spectune.operator.launch import launch
-from tests.cluster.support import REPO, Cluster, sa_kubeconfig
+from tests.cluster.support import REPO, Cluster
 from tests.operator.support import (
     assert_engines_serve,
     engine_get,
@@ -37,11 +35,11 @@ from tests.operator.support import (
 )
 from tests.support.waiting import wait_until
 
+from .release import CRDS, Release, charts_operator, free_ports, installed
 from .support import CHART, VALUES, helm, template_args, umbrella_chart
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("helm_binary")]
 
-CRDS = ["specdeployments.spectune.io"]
 EXAMPLE = REPO / "examples" / "specdeployment.yaml"
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, no proxy
 
@@ -63,66 +61,14 @@ def test_rendered_objects_pass_a_server_side_dry_run(cluster: Cluster, values: l
     assert "deployment.apps/spectune created (server dry run)" in out.stdout, out.stdout
 
 
-def adopt_existing_crds(cluster: Cluster, release: str, namespace: str) -> None:
-    """CRDs applied earlier (by kubectl) become the release's, as README tells users."""
-    existing = kubectl(cluster, "get", "crd", "-o", "name").split()
-    for name in CRDS:
-        if f"customresourcedefinition.apiextensions.k8s.io/{name}" in existing:
-            kubectl(
-                cluster, "label", "--overwrite", "crd", name, "app.kubernetes.io/managed-by=Helm"
-            )
-            kubectl(
-                cluster, "annotate", "--overwrite", "crd", name,
-                f"meta.helm.sh/release-name={release}",
-                f"meta.helm.sh/release-namespace={namespace}",
-            )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """A release in a namespace of its own that watches another namespace of its own."""
-    suffix = uuid.uuid4().hex[:6]
-    info = {
-        "name": f"st-{suffix}",
-        "namespace": f"st-{suffix}-system",
-        "watched": f"st-{suffix}-apps",
-        "tmp": tmp_path_factory.mktemp("chart"),
-    }
-    values = info["tmp"] / "values.json"
-    values.write_text(
-        json.dumps(
-            {
-                "operator": {
-                    "watchNamespaces": [info["watched"]],
-                    "prometheusUrl": cluster.prometheus_url,
-                }
-            }
-        )
-    )
-    info["values"] = values
-    with cluster.api() as admin:
-        core = client.CoreV1Api(admin)
-        for ns in (info["namespace"], info["watched"]):
-            core.create_namespace({"metadata": {"name": ns}})
-        adopt_existing_crds(cluster, info["name"], info["namespace"])
-        info["install"] = helm(
-            "install", info["name"], str(CHART), "--namespace", info["namespace"],
-            "-f", str(values), kubeconfig=cluster.kubeconfig,
-        ).stdout  # fmt: skip
-        try:
-            yield info
-        finally:
-            helm(
-                "uninstall", info["name"], "--namespace", info["namespace"], "--wait",
-                check=False, kubeconfig=cluster.kubeconfig,
-            )  # fmt: skip
-            for ns in (info["watched"], info["namespace"]):
-                core.delete_namespace(ns)
+def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    with installed(cluster, tmp_path_factory.mktemp("chart"), {}) as release:
+        yield release
 
 
 def test_install_creates_crds_rbac_services_and_the_operator(cluster: Cluster, release) -> None:
-    name, ns = release["name"], release["namespace"]
-    fullname = f"{name}-spectune"
+    name, ns, fullname = release.name, release.namespace, release.fullname
     with cluster.api() as admin:
         ext = client.ApiextensionsV1Api(admin)
         for crd in CRDS:
@@ -131,40 +77,27 @@ def test_install_creates_crds_rbac_services_and_the_operator(cluster: Cluster, r
             assert live.metadata.annotations["helm.sh/resource-policy"] == "keep"
         rbac = client.RbacAuthorizationV1Api(admin)
         assert rbac.read_cluster_role(fullname).rules
-        assert rbac.read_namespaced_role(fullname, release["watched"]).rules
-        assert rbac.read_namespaced_role_binding(fullname, release["watched"])
+        assert rbac.read_namespaced_role(fullname, release.watched).rules
+        assert rbac.read_namespaced_role_binding(fullname, release.watched)
         core = client.CoreV1Api(admin)
         assert core.read_namespaced_service_account(fullname, ns)
         assert core.read_namespaced_service(f"{fullname}-metrics", ns)
         deployment = client.AppsV1Api(admin).read_namespaced_deployment(fullname, ns)
         assert deployment.spec.template.spec.service_account_name == fullname
-    assert f"kubectl -n {ns} rollout status deployment/{fullname}" in release["install"]
-    assert f"It manages SpecDeployments in: {release['watched']}." in release["install"]
+    assert f"kubectl -n {ns} rollout status deployment/{fullname}" in release.install
+    assert f"It manages SpecDeployments in: {release.watched}." in release.install
 
 
 def test_operator_as_the_charts_service_account_reconciles_the_example(
-    cluster: Cluster, release, free_ports: tuple[int, int]
+    cluster: Cluster, release: Release
 ) -> None:
     """The Deployment's own args and ServiceAccount (kwok runs no containers): the operator
     takes the release's Lease with the chart's Role; the example becomes Ready (two engines
     on its H100 nodes, serving the model with its draft at its threshold), and the operator's
     metrics endpoint reports it. The one test that brings examples/specdeployment.yaml up."""
-    name, ns, watched = release["name"], release["namespace"], release["watched"]
-    fullname = f"{name}-spectune"
-    with cluster.api() as admin:
-        deployment = client.AppsV1Api(admin).read_namespaced_deployment(fullname, ns)
-        (container,) = deployment.spec.template.spec.containers
-        kubeconfig = sa_kubeconfig(cluster, ns, fullname, release["tmp"] / "operator.kubeconfig")
-        health, metrics_port = free_ports
-        # Listen on loopback here instead of the pod's 0.0.0.0 (later flags win).
-        args = [
-            *container.args,
-            f"--liveness=http://127.0.0.1:{health}/healthz",
-            f"--metrics-address=127.0.0.1:{metrics_port}",
-        ]
-        operator = launch(
-            kubeconfig, args, release["tmp"] / "operator.log", env={"PATH": "/usr/bin:/bin"}
-        )
+    ns, watched, fullname = release.namespace, release.watched, release.fullname
+    health, metrics_port = ports = free_ports()
+    with cluster.api() as admin, charts_operator(cluster, release, ports) as operator:
         log = operator.log
         try:
             kubectl(cluster, "apply", "-n", watched, "-f", str(EXAMPLE))
@@ -198,28 +131,18 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
             lease = client.CoordinationV1Api(admin).read_namespaced_lease(fullname, ns)
             assert lease.spec.holder_identity == f"{socket.gethostname()}-{operator.process.pid}"
         finally:
-            operator.stop()
             kubectl(cluster, "delete", "-n", watched, "-f", str(EXAMPLE), "--wait=false")
 
 
-@pytest.fixture
-def free_ports() -> tuple[int, int]:
-    """Two free loopback ports (held together while chosen, so they differ)."""
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        return a.getsockname()[1], b.getsockname()[1]
-
-
 def test_upgrade_updates_a_changed_crd(cluster: Cluster, release) -> None:
-    chart = release["tmp"] / "spectune-next"
+    chart = release.tmp / "spectune-next"
     shutil.copytree(CHART, chart, symlinks=False)  # the crds/ link becomes files to change
     path = chart / "files" / "crds" / "specdeployments.spectune.io.yaml"
     crd = yaml.safe_load(path.read_text())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     spec["properties"]["priorityClassName"] = {"type": "string", "description": "a new field"}
     path.write_text(yaml.safe_dump(crd, sort_keys=False))
-    common = ["--namespace", release["namespace"], "-f", str(release["values"])]
+    common = ["--namespace", release.namespace, "-f", str(release.values)]
     with cluster.api() as admin:
         ext = client.ApiextensionsV1Api(admin)
 
@@ -228,16 +151,15 @@ def test_upgrade_updates_a_changed_crd(cluster: Cluster, release) -> None:
             return live.spec.versions[0].schema.open_apiv3_schema.properties["spec"].properties
 
         try:
-            helm("upgrade", release["name"], str(chart), *common, kubeconfig=cluster.kubeconfig)
+            helm("upgrade", release.name, str(chart), *common, kubeconfig=cluster.kubeconfig)
             assert "priorityClassName" in served_spec()
         finally:  # the shared cluster gets the generated CRD back
-            helm("upgrade", release["name"], str(CHART), *common, kubeconfig=cluster.kubeconfig)
+            helm("upgrade", release.name, str(CHART), *common, kubeconfig=cluster.kubeconfig)
         assert "priorityClassName" not in served_spec()
 
 
 def test_uninstall_removes_everything_but_the_kept_crds(cluster: Cluster, release) -> None:
-    name, ns = release["name"], release["namespace"]
-    fullname = f"{name}-spectune"
+    name, ns, fullname = release.name, release.namespace, release.fullname
     helm("uninstall", name, "--namespace", ns, "--wait", kubeconfig=cluster.kubeconfig)
     with cluster.api() as admin:
         rbac = client.RbacAuthorizationV1Api(admin)
@@ -247,8 +169,8 @@ def test_uninstall_removes_everything_but_the_kept_crds(cluster: Cluster, releas
             (core.read_namespaced_service_account, fullname, ns),
             (core.read_namespaced_service, f"{fullname}-metrics", ns),
             (core.read_namespaced_config_map, f"{fullname}-dashboard", ns),
-            (rbac.read_namespaced_role, fullname, release["watched"]),
-            (rbac.read_namespaced_role_binding, fullname, release["watched"]),
+            (rbac.read_namespaced_role, fullname, release.watched),
+            (rbac.read_namespaced_role_binding, fullname, release.watched),
             (rbac.read_namespaced_role, f"{fullname}-leader-election", ns),
             (rbac.read_namespaced_role_binding, f"{fullname}-leader-election", ns),
         ]
