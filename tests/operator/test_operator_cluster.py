@@ -6,6 +6,7 @@ that stays quiet about resyncs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -290,6 +291,36 @@ def test_start_settings_roll_the_pods_and_the_threshold_does_not(
     replaced = wait_until("the pods to be replaced", rolled, timeout=240)
     assert_engines_serve(replaced, "tiny-target", 9)
     assert all(engine_get(p, "/admin/speculation")["k"] == 3 for p in replaced)
+
+
+def test_more_specdeployments_than_kopfs_threads_are_each_tuned(admin, operator, namespace) -> None:
+    """Each SpecDeployment's daemon holds no thread between its turns: kopf's pool has
+    min(32, CPUs + 4) threads, and sync daemons, one per SpecDeployment for its whole life,
+    took them all (on 2 cores a seventh was never tuned, nor its spec edits handled). Two
+    more than the pool each get their children and a status; a spec edit of the last is acted
+    on too."""
+    pool = min(32, (os.cpu_count() or 1) + 4)
+    names = [f"many-{i}" for i in range(pool + 2)]
+    for name in names:
+        create(admin, namespace, specdeployment(name, replicas=0))
+    core = client.CoreV1Api(admin)
+
+    def tuned() -> bool:
+        configs = {c.metadata.name for c in core.list_namespaced_config_map(namespace).items}
+        status = [get_sd(admin, namespace, n).get("status") or {} for n in names]
+        return all(f"{n}-engine-config" in configs for n in names) and all(
+            s.get("observedGeneration") for s in status
+        )
+
+    wait_until(f"{len(names)} SpecDeployments tuned", tuned, timeout=90)
+    patch_sd(admin, namespace, names[-1], {"tuning": {"maxAgeSeconds": 7200}})
+
+    def edit_acted_on() -> bool:
+        body = get_sd(admin, namespace, names[-1])
+        observed = (body.get("status") or {}).get("observedGeneration")
+        return observed == body["metadata"]["generation"] > 1
+
+    wait_until("the last one's edit acted on", edit_acted_on, timeout=60)
 
 
 def test_the_log_is_quiet_about_resyncs(admin, operator, namespace) -> None:
