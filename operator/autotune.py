@@ -69,6 +69,11 @@ MIN_SCRAPES_PER_WINDOW = 8
 # for this share of the calibration window (30 s of the default 120): the load has shown its
 # range, and traffic that later runs past it is the past-bound trigger's to re-measure.
 RANGE_SETTLED_SHARE = 0.25
+# A calibration whose crossover rests on buckets too noisy to tell a 10% step in speedup (an
+# estimate's confidence below this) explores on past its window, up to this many windows in
+# all, rather than move a threshold on noise; then it decides on what it has.
+MIN_CONFIDENCE = 0.5
+EXTENDED_WINDOWS = 2
 # No calibration starts until the last pod to become ready has served for this share of the
 # calibration window: the "before" window its change is verified against must hold a load the
 # engines were serving, not their first seconds (a fleet still filling its batches read as a
@@ -325,6 +330,7 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
             "beforeSteps": _sums_dict(obs.window.steps),
             "reached": {},
             "reachedAt": None,
+            "extendedAt": None,
         }
     )
     return Step(
@@ -417,14 +423,36 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     steady = (obs.now - _time(cal.reachedAt)).total_seconds() if cal.reachedAt else 0.0
     shortest = min_window(window.scrape_interval)
     settled = steady >= max(shortest, RANGE_SETTLED_SHARE * window_s)
-    estimates = estimate_by_sku(window.steps)
+    estimates = estimate_by_sku(window.steps, window.noise)
     if elapsed < shortest or (not decided(window, estimates, settled) and elapsed < window_s):
         return Step(state)
     estimates = {k: e for k, e in estimates.items() if e.known}
+    noisy = too_noisy(estimates)
+    if noisy and elapsed < EXTENDED_WINDOWS * window_s:
+        if elapsed < window_s or cal.extendedAt is not None:
+            return Step(state)
+        cal = cal.model_copy(update={"extendedAt": _iso(obs.now)})
+        why = f"{noisy}: exploring on, for up to {EXTENDED_WINDOWS * window_s} s in all"
+        extended = dataclasses.replace(state, calibration=cal)
+        return Step(extended, (Event("CalibrationExtended", why),))
     if not estimates:
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
     return _decide(spec, state, obs, window, estimates)
+
+
+def too_noisy(estimates: Mapping[str, Estimate]) -> str | None:
+    """What makes a calibration too noisy to decide on (the estimates whose confidence is
+    below MIN_CONFIDENCE, their noisiest deciding bucket), or None."""
+    said = []
+    for sku, e in estimates.items():
+        if e.confidence < MIN_CONFIDENCE and (noisiest := e.noisiest) is not None:
+            point, se = noisiest
+            said.append(
+                f"{sku}: speedup {point.speedup:.2f} +/- {point.speedup * se:.2f} at batch "
+                f"{point.batch}, confidence {e.confidence:.0%}"
+            )
+    return "; ".join(said) or None
 
 
 def _covered(before: Baseline | None, estimates: Mapping[str, Estimate]) -> dict[str, list[int]]:

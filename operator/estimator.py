@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spectune.engine.contract import BATCH_BUCKETS
 from spectune.engine.crossover import (
@@ -30,16 +30,17 @@ MIN_STEPS = 20
 # several windows (a quiet load of 3 clients: batch 1 in under 1% of the steps, 10 per mode in
 # 120 s, kept the demo's first calibration to its window's end).
 RARE_SHARE = 0.05
-# The noise of one decode step's throughput, as a share of it, that confidence and the clear
-# buckets assume (the mean of n steps has 1/sqrt(n) of it: 200 steps, under 1%).
+# The noise of one decode step's throughput, as a share of it, assumed where the window's
+# batches do not measure it (too few scrapes): the mean of n steps has 1/sqrt(n) of it.
 STEP_NOISE = 0.1
 # A bucket whose speedup is this many standard errors from 1, and at least CLEAR_FLOOR from it,
 # is clearly measured: a threshold move that flips its mode is made even within the dead band.
 # The floor stands for what the noise does not hold (the bias of a bucket's mean batch, say).
 CLEAR_Z = 3.0
 CLEAR_FLOOR = 0.05
-# Steps per mode in the deciding buckets for full confidence.
-CONFIDENT_STEPS = 200
+# Full confidence: the deciding buckets' speedups known to CLEAR_FLOOR / CLEAR_Z (a 5% step in
+# speedup is three standard errors). Confidence is that over the larger relative error.
+CONFIDENT_SE = CLEAR_FLOOR / CLEAR_Z
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,22 @@ class Estimate:
     crossover: Crossover
     curve: tuple[SpeedupPoint, ...]
     largest_batch_seen: int | None  # the largest bucket with decode steps in either mode
-    confidence: float  # 0..1, from the steps in the buckets that decide the crossover
     reason: str
+    noise: Mapping[int, float] = field(default_factory=dict)  # bucket -> speedup's relative SE
+
+    @property
+    def noisiest(self) -> tuple[SpeedupPoint, float] | None:
+        """The bucket deciding the crossover whose speedup is least certain, and its relative
+        standard error (None without a curve)."""
+        points = _deciding(self.crossover, self.curve)
+        return max(((p, self.noise[p.batch]) for p in points), key=lambda x: x[1], default=None)
+
+    @property
+    def confidence(self) -> float:
+        """0..1: CONFIDENT_SE over the noisiest deciding bucket's relative error, at most 1
+        (0.5 when a 10% step in speedup is only three standard errors)."""
+        noisiest = self.noisiest
+        return 0.0 if noisiest is None else min(1.0, CONFIDENT_SE / noisiest[1])
 
     @property
     def known(self) -> bool:
@@ -106,18 +121,40 @@ class Estimate:
         threshold 1 runs batch 1 plain, where speculation may pay by half; 39 -> 63 speculates
         at batch 54, where it paid 7% over hundreds of steps in each mode."""
         low, high = sorted(math.inf if t is None else t for t in (a, b))
-        return any(low <= p.batch < high and clearly_not_one(p) for p in self.curve)
+        return any(
+            low <= p.batch < high and clearly_not_one(p, self.noise.get(p.batch))
+            for p in self.curve
+        )
 
     def compact_curve(self) -> dict[str, float]:
         """Bucket -> speedup, rounded, for status (string keys: JSON objects)."""
         return {str(p.batch): round(p.speedup, 3) for p in self.curve}
 
 
-def clearly_not_one(point: SpeedupPoint) -> bool:
-    """Whether a bucket's speedup is beyond its noise from 1: STEP_NOISE per step in each mode,
-    CLEAR_Z standard errors of the ratio, and at least CLEAR_FLOOR."""
-    se = point.speedup * STEP_NOISE * math.sqrt(1 / point.plain.steps + 1 / point.spec.steps)
+def clearly_not_one(point: SpeedupPoint, noise: float | None = None) -> bool:
+    """Whether a bucket's speedup is beyond its noise from 1: CLEAR_Z standard errors of the
+    ratio (its relative `noise`, else STEP_NOISE per step in each mode), and CLEAR_FLOOR."""
+    se = point.speedup * (assumed_noise(point) if noise is None else noise)
     return abs(point.speedup - 1) >= max(CLEAR_FLOOR, CLEAR_Z * se)
+
+
+def assumed_noise(point: SpeedupPoint) -> float:
+    """The speedup's relative standard error at STEP_NOISE per step in each mode."""
+    return STEP_NOISE * math.sqrt(1 / point.plain.steps + 1 / point.spec.steps)
+
+
+def speedup_noise(
+    curve: tuple[SpeedupPoint, ...], throughput: Mapping[tuple[str, int], float]
+) -> dict[int, float]:
+    """Bucket -> the speedup's relative standard error: from both modes' measured throughput
+    errors where the window's batches gave them (a ratio's relative errors add in quadrature),
+    else assumed (`assumed_noise`)."""
+    out = {}
+    for p in curve:
+        spec, plain = throughput.get(("spec", p.batch)), throughput.get(("plain", p.batch))
+        measured = spec is not None and plain is not None
+        out[p.batch] = math.hypot(spec, plain) if measured else assumed_noise(p)
+    return out
 
 
 def common_buckets(
@@ -149,28 +186,34 @@ def estimate(
     sku: str,
     stats: Mapping[tuple[str, int], ModeStats],
     min_steps: int = MIN_STEPS,
-    confident_steps: int = CONFIDENT_STEPS,
+    throughput_noise: Mapping[tuple[str, int], float] | None = None,
 ) -> Estimate:
-    """The crossover of one SKU from its (mode, bucket) sums over a window."""
+    """The crossover of one SKU from its (mode, bucket) sums over a window, and the relative
+    standard error of each (mode, bucket)'s throughput where the window measured it."""
     curve = tuple(speedup_curve(stats, min_steps))
     crossover = crossover_of(curve)
     seen = [bucket for (_, bucket), s in stats.items() if s.steps > 0]
     largest = max(seen) if seen else None
+    noise = speedup_noise(curve, throughput_noise or {})
     return Estimate(
         sku=sku,
         crossover=crossover,
         curve=curve,
         largest_batch_seen=largest,
-        confidence=_confidence(crossover, curve, confident_steps),
         reason=_reason(crossover, curve, largest, min_steps),
+        noise=noise,
     )
 
 
 def estimate_by_sku(
-    stats: Mapping[str, Mapping[tuple[str, int], ModeStats]], min_steps: int = MIN_STEPS
+    stats: Mapping[str, Mapping[tuple[str, int], ModeStats]],
+    noise: Mapping[str, Mapping[tuple[str, int], float]] | None = None,
+    min_steps: int = MIN_STEPS,
 ) -> dict[str, Estimate]:
     """One estimate per SKU: pods on different GPUs each get their own crossover."""
-    return {sku: estimate(sku, s, min_steps) for sku, s in sorted(stats.items())}
+    return {
+        sku: estimate(sku, s, min_steps, (noise or {}).get(sku)) for sku, s in sorted(stats.items())
+    }
 
 
 def _deciding(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> list[SpeedupPoint]:
@@ -189,18 +232,6 @@ def _bound(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> int | None:
     if crossover.status != "always_pays":
         return None
     return next((b for b in BATCH_BUCKETS if b > curve[-1].batch), None)
-
-
-def _confidence(
-    crossover: Crossover, curve: tuple[SpeedupPoint, ...], confident_steps: int
-) -> float:
-    """sqrt(n / confident_steps) for the fewest steps n of either mode in the deciding
-    buckets, at most 1: the standard error of a mean shrinks as 1/sqrt(n)."""
-    points = _deciding(crossover, curve)
-    if not points:
-        return 0.0
-    fewest = min(min(p.plain.steps, p.spec.steps) for p in points)
-    return min(1.0, math.sqrt(fewest / confident_steps))
 
 
 def _reason(

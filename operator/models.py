@@ -484,6 +484,11 @@ class CalibrationStatus(BaseModel):
         "calibration's decode steps",
     )
     reachedAt: str | None = Field(None, description="when that range last grew")
+    extendedAt: str | None = Field(
+        None,
+        description="when this calibration went on exploring past its window: the buckets "
+        "deciding a crossover were too noisy to decide on",
+    )
     baseline: Baseline | None = None
 
 

@@ -6,7 +6,7 @@ and neither imports the other.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spectune.engine.crossover import ModeStats, StatsByBucket
 
@@ -105,6 +105,10 @@ class EngineInfo:
     age_seconds: float  # since the last scrape of its info series
 
 
+# SKU -> (mode, bucket) -> the relative standard error of the window's throughput there
+NoiseBySku = Mapping[str, Mapping[tuple[str, int], float]]
+
+
 @dataclass(frozen=True)
 class FleetWindow:
     """What one SpecDeployment's fresh engines did over a window."""
@@ -113,6 +117,9 @@ class FleetWindow:
     steps: Mapping[str, StatsByBucket]  # device (SKU) -> (mode, bucket) -> sums
     traffic: Traffic
     scrape_interval: float | None = None  # seconds between two scrapes; None: not seen yet
+    # measured from the window's batches (one scrape interval each); a (mode, bucket) with too
+    # few batches to tell is absent
+    noise: NoiseBySku = field(default_factory=dict)
 
     @property
     def skus(self) -> frozenset[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -35,8 +36,10 @@ from spectune.operator.observations import (
 )
 from spectune.operator.scraping import ScrapeTarget
 from spectune.operator.window import (
+    BATCH_FIGURES,
     E2E_QUANTILE,
     FIGURES,
+    MIN_BATCHES,
     SKU,
     Figure,
     fleet_window,
@@ -96,12 +99,23 @@ class PrometheusReader:
         )
 
     def _query(
-        self, query: str, at: float | None = None, sample: str = "value"
+        self,
+        query: str,
+        at: float | None = None,
+        sample: str = "value",
+        every: tuple[float, int] | None = None,
     ) -> list[dict[str, Any]]:
         """A query evaluated at `at` (unix seconds) or Prometheus's now: an instant vector
-        (each series' `value`), or with `sample="values"` a range vector."""
+        (each series' `value`), or with `sample="values"` a range vector; with `every=(start,
+        step)`, evaluated every `step` seconds from `start` to `at` (each series' `values`)."""
         try:
-            result = self.client.custom_query(query, params={"time": at} if at else None)
+            if every is None:
+                result = self.client.custom_query(query, params={"time": at} if at else None)
+            else:
+                start, step = every
+                result = self.client.custom_query_range(
+                    query, _datetime(start), _datetime(at or start), f"{step}s"
+                )
         except (requests.RequestException, PrometheusApiClientException, ValueError) as e:
             raise PrometheusUnavailable(f"{query}: {e}") from e
         if not isinstance(result, list) or not all(
@@ -174,9 +188,9 @@ class PrometheusReader:
             raise PrometheusUnavailable(f"/api/v1/targets: not a targets answer ({e!r})") from e
 
     def read(self, selector: Selector, window_seconds: int) -> FleetWindow:
-        """Step sums per (SKU, mode, bucket) and traffic over the last `window_seconds`, in at
-        most four queries: the clock, the scrape interval, the engines, and every figure of
-        the window in one (none when no engine is fresh)."""
+        """Step sums per (SKU, mode, bucket), their noise, and traffic over the last
+        `window_seconds`, in at most five queries: the clock, the scrape interval, the engines,
+        every figure of the window in one, and its batches (none when no engine is fresh)."""
         at = self.now()
         interval = self.scrape_interval(selector, at)
         pods = self.engines(selector, at, interval)
@@ -189,7 +203,32 @@ class PrometheusReader:
                 if (figure := FIGURES.get(name)) is not None:
                     key = tuple(r["metric"].get(label, "") for label in figure.by)
                     answers.setdefault(name, {})[key] = _number(r["value"][1], query)
-        return fleet_window(pods, window_seconds, answers, interval)
+        batches = self.batches(fresh, at, int(window_seconds), interval) if pods else {}
+        return fleet_window(pods, window_seconds, answers, interval, batches)
+
+    def batches(
+        self, selector: Selector, at: float, window_seconds: int, interval: float | None
+    ) -> dict[tuple[str, str, str], list[tuple[float, float]]]:
+        """(SKU, mode, bucket) -> (tokens, seconds) of each scrape interval in the window, for
+        the throughput's noise: one range query, every interval, of each counter's increase
+        since the interval before. Nothing when the interval is unknown or the window holds
+        fewer than MIN_BATCHES of them."""
+        step = round(interval or 0)
+        count = window_seconds // step if step else 0
+        if count < MIN_BATCHES:
+            return {}
+        query = batch_query(selector, step)
+        series: dict[tuple[str, str, str], dict[float, dict[str, float]]] = {}
+        for r in self._query(query, at, "values", (at - (count - 1) * step, step)):
+            m = r["metric"]
+            key = (m.get(SKU, ""), m.get("mode", ""), m.get("batch", ""))
+            for t, v in r["values"]:
+                at_t = series.setdefault(key, {}).setdefault(_number(t, query), {})
+                at_t[m.get(FIGURE_LABEL, "")] = _number(v, query)
+        return {
+            key: [(b.get("batch_tokens", 0.0), b.get("batch_seconds", 0.0)) for b in by_t.values()]
+            for key, by_t in series.items()
+        }
 
 
 FIGURE_LABEL = "spectune_figure"  # which figure a series of the window query answers
@@ -199,16 +238,39 @@ def window_query(selector: Selector, window_seconds: int) -> str:
     """Every figure of FIGURES over these engines as one PromQL query, each aggregated there
     and told apart by the FIGURE_LABEL it carries."""
     return " or ".join(
-        f'label_replace({figure_query(f, selector, window_seconds)}, "{FIGURE_LABEL}", '
-        f'"{name}", "", "")'
-        for name, f in FIGURES.items()
+        _tagged(figure_query(f, selector, window_seconds), name) for name, f in FIGURES.items()
     )
+
+
+def batch_query(selector: Selector, step: int) -> str:
+    """BATCH_FIGURES over these engines, each counter's increase since `step` seconds before
+    (the last sample then and now: consecutive evaluations split the samples, none counted
+    twice; a reset, a restarted pod, drops out), summed by SKU, mode and bucket."""
+    parts = []
+    for name, f in BATCH_FIGURES.items():
+        own = ",".join((selector.labels.pod, *c.own_labels(f.metric)))
+        now = f"max by ({own}) ({f.metric}{selector.matchers()})"
+        then = f"max by ({own}) ({f.metric}{selector.matchers()} offset {step}s)"
+        joined = _with_sku(f"(({now} - {then}) >= 0)", selector)
+        parts.append(_tagged(f"sum by ({','.join(f.by)}) ({joined})", name))
+    return " or ".join(parts)
+
+
+def _tagged(query: str, figure: str) -> str:
+    return f'label_replace({query}, "{FIGURE_LABEL}", "{figure}", "", "")'
+
+
+def _with_sku(per_pod: str, selector: Selector) -> str:
+    """Per-pod series with each pod's SKU: a join with its info series, since the step series
+    do not carry it."""
+    pod, info = selector.labels.pod, f"{c.ENGINE_INFO}{selector.matchers()}"
+    return f"{per_pod} * on ({pod}) group_left ({SKU}) group by ({pod},{SKU}) ({info})"
 
 
 def figure_query(figure: Figure, selector: Selector, window_seconds: int) -> str:
     """One figure as PromQL. Each pod's series are first reduced to one per pod and engine
     label set (`max by` them): a pod that two jobs scrape counts once. The SKU comes from the
-    pod's info series (a join), since the step series do not carry it."""
+    pod's info series (`_with_sku`)."""
     pod, w = selector.labels.pod, f"[{window_seconds}s]"
     series = f"{figure.metric}{selector.matchers()}{w}"
     if figure.kind in ("mean", "total"):
@@ -219,8 +281,7 @@ def figure_query(figure: Figure, selector: Selector, window_seconds: int) -> str
     if figure.kind == "p95":
         return f"histogram_quantile({E2E_QUANTILE}, sum by (le) ({per_pod}))"
     if SKU in figure.by:
-        info = f"{c.ENGINE_INFO}{selector.matchers()}"
-        per_pod += f" * on ({pod}) group_left ({SKU}) group by ({pod},{SKU}) ({info})"
+        per_pod = _with_sku(per_pod, selector)
     return f"sum by ({','.join(figure.by)}) ({per_pod})"
 
 
@@ -233,6 +294,10 @@ def _target(t: Mapping[str, Any], dropped: bool) -> ScrapeTarget:
         error=str(t.get("lastError", "")),
         dropped=dropped,
     )
+
+
+def _datetime(unix: float) -> datetime:
+    return datetime.fromtimestamp(unix, UTC)
 
 
 def _number(value: Any, what: str) -> float:

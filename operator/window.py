@@ -9,7 +9,7 @@ SKU and the traffic the state machine decides on.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +22,11 @@ E2E_QUANTILE = 0.95
 
 # figure -> (values of its grouping labels) -> value over the fresh engines
 Answers = Mapping[str, Mapping[tuple[str, ...], float]]
+# (SKU, mode, bucket) -> (tokens, seconds) of each batch of the window: one scrape interval of
+# the SKU's fresh engines
+Batches = Mapping[tuple[str, str, str], Sequence[tuple[float, float]]]
+# Batches for a measured noise: fewer say little of the spread.
+MIN_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,11 @@ FIGURES: Mapping[str, Figure] = {
     "admitted": Figure("total", c.ADMITTED_CONCURRENCY),
     "e2e_p95": Figure("p95", f"{c.E2E_REQUEST_LATENCY}_bucket"),
 }
+# What each batch holds: the increase of these per scrape interval, not over the window.
+BATCH_FIGURES: Mapping[str, Figure] = {
+    "batch_tokens": Figure("increase", c.STEP_OUTPUT_TOKENS, BY_STEP),
+    "batch_seconds": Figure("increase", f"{c.STEP_SECONDS}_sum", BY_STEP),
+}
 
 
 def freshness(stale_after: float, warm_up: float, interval: float | None) -> tuple[float, float]:
@@ -70,10 +80,11 @@ def fleet_window(
     window_seconds: float,
     answers: Answers,
     scrape_interval: float | None = None,
+    batches: Batches | None = None,
 ) -> FleetWindow:
     """Step sums per (SKU, mode, bucket) and traffic over the window from the `answers` to
-    FIGURES, asked over `pods` (the fresh, warm engines) only. A figure without an answer is
-    unknown (None), never zero."""
+    FIGURES, and the throughput's noise from the window's `batches`, asked over `pods` (the
+    fresh, warm engines) only. A figure without an answer is unknown (None), never zero."""
 
     def total(figure: str) -> float | None:
         values = answers.get(figure, {}).values()
@@ -115,7 +126,29 @@ def fleet_window(
         inter_tokens=total("inter_tokens"),
         engines=float(len(pods)) if pods else None,
     )
-    return FleetWindow(engines=pods, steps=steps, traffic=traffic, scrape_interval=scrape_interval)
+    noise: dict[str, dict[tuple[str, int], float]] = {}
+    for (sku, mode, batch), per_batch in (batches or {}).items():
+        if mode in c.MODES and batch.isdigit() and (se := throughput_noise(per_batch)) is not None:
+            noise.setdefault(sku, {})[(mode, int(batch))] = se
+    return FleetWindow(
+        engines=pods, steps=steps, traffic=traffic, scrape_interval=scrape_interval, noise=noise
+    )
+
+
+def throughput_noise(batches: Sequence[tuple[float, float]]) -> float | None:
+    """The relative standard error of a throughput summed over batches of (tokens, seconds),
+    from how the batches' throughputs spread about it (batch means: the ratio estimator's
+    variance, each batch weighing by its seconds). A batch is one scrape interval of a SKU's
+    engines, so steps that ran together (one batch mix, one machine's hiccup) count as one
+    observation, not many: the steps' own count overstates what the mean knows. None with
+    fewer than MIN_BATCHES batches that ran."""
+    ran = [(t, s) for t, s in batches if s > 0]
+    tokens = sum(t for t, _ in ran)
+    if len(ran) < MIN_BATCHES or tokens <= 0:
+        return None
+    n, rate = len(ran), tokens / sum(s for _, s in ran)
+    residuals = sum((t - rate * s) ** 2 for t, s in ran)
+    return math.sqrt(n / (n - 1) * residuals) / tokens
 
 
 def steady_prefill_excess(prefill: float, spec_tokens: float, plain_tokens: float) -> float:

@@ -8,6 +8,7 @@ scraped has no series; a deleted pod's series end. Samples older than any window
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,8 +16,10 @@ from dataclasses import dataclass, field
 from spectune.engine import contract as c
 from spectune.operator.observations import EngineInfo, FleetWindow
 from spectune.operator.window import (
+    BATCH_FIGURES,
     E2E_QUANTILE,
     FIGURES,
+    MIN_BATCHES,
     SKU,
     Figure,
     bucket_quantile,
@@ -35,7 +38,7 @@ QUERIED = frozenset(
         f"{c.INTER_TOKEN_LATENCY}_sum", f"{c.INTER_TOKEN_LATENCY}_count", c.ENGINE_INFO,
     }
 )  # fmt: skip
-QUERIES_PER_READ = 4  # the real reader's: the clock, the scrape interval, engines, the figures
+QUERIES_PER_READ = 5  # the real reader's: clock, scrape interval, engines, figures, batches
 KEEP_SECONDS = 1800.0
 
 
@@ -162,4 +165,32 @@ class Scrapes:
             return {k: sum(v) for k, v in per_pod.items()}
 
         answers = {name: found for name, f in FIGURES.items() if (found := answer(f))}
-        return fleet_window(pods, window_seconds, answers, self.interval)
+        batches = self.batches(pods, now, window_seconds)
+        return fleet_window(pods, window_seconds, answers, self.interval, batches)
+
+    def batches(
+        self, pods: Mapping[str, EngineInfo], now: float, window_seconds: int
+    ) -> dict[tuple[str, str, str], list[tuple[float, float]]]:
+        """The reader's `batches`: at every interval back from `now`, each counter's last
+        sample then less its last sample an interval before, summed by SKU, mode and bucket."""
+        count = int(window_seconds // self.interval)
+        if count < MIN_BATCHES:
+            return {}
+        metrics = [f.metric for f in BATCH_FIGURES.values()]
+        out: dict[tuple[str, str, str], dict[float, list[float]]] = {}
+        for pod, info in pods.items():
+            samples = self.targets[pod].samples
+            stamps = [t for t, _ in samples]
+            for at in (now - k * self.interval for k in range(count)):
+                last = bisect.bisect_right(stamps, at) - 1
+                before = bisect.bisect_right(stamps, at - self.interval) - 1
+                if before < 0 or last == before:
+                    continue
+                new, old = samples[last][1], samples[before][1]
+                for key, value in new.items():
+                    if key[0] not in metrics or (was := old.get(key)) is None or value < was:
+                        continue
+                    labels = dict(key[1])
+                    sums = out.setdefault((info.device, labels["mode"], labels["batch"]), {})
+                    sums.setdefault(at, [0.0, 0.0])[metrics.index(key[0])] += value - was
+        return {k: [(t, s) for t, s in by_time.values()] for k, by_time in out.items()}

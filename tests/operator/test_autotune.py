@@ -102,6 +102,36 @@ def test_the_window_ends_the_collection_even_when_buckets_lack_samples() -> None
     assert done.state.threshold.current == 12
 
 
+def test_a_calibration_too_noisy_to_decide_explores_on_then_decides() -> None:
+    """Confidence decides: the window's batches measured each bucket's throughput to 6% a
+    mode, so each speedup is known to 8.5% and a 10% step is about one standard error. The
+    calibration does not move the threshold at its window's end: it explores on, says so once,
+    and decides on what it has at two windows. Measured to 0.5%, it decides at once."""
+    s = spec()
+    state = step(s, fresh(s), observe(0, window())).state
+
+    def measured(noise: float) -> FleetWindow:
+        by_bucket = {(m, b): noise for m in ("spec", "plain") for b in BUCKETS}
+        return dataclasses.replace(window({H100: curve(12)}), noise={H100: by_bucket})
+
+    assert step(s, state, observe(30, measured(0.06))).events == ()  # within its window
+    extended = step(s, state, observe(WINDOW, measured(0.06)))
+    assert reasons(extended) == ["CalibrationExtended"]
+    message = extended.events[0].message
+    assert f"{H100}: speedup" in message and "confidence 20%" in message, message
+    assert f"up to {autotune.EXTENDED_WINDOWS * WINDOW} s" in message, message
+    assert extended.state.calibration.phase == "Exploring"
+    assert extended.state.calibration.extendedAt is not None
+    again = step(s, extended.state, observe(WINDOW + 10, measured(0.06)))
+    assert again.events == () and again.state == extended.state  # said once
+    decided = step(s, extended.state, observe(autotune.EXTENDED_WINDOWS * WINDOW, measured(0.06)))
+    assert reasons(decided) == ["ThresholdChanged"]
+    assert decided.state.per_sku[0].confidencePercent == 20
+    quiet = step(s, state, observe(30, measured(0.005)))
+    assert reasons(quiet) == ["ThresholdChanged"]
+    assert quiet.state.per_sku[0].confidencePercent == 100
+
+
 def test_no_measurement_keeps_the_threshold_and_retries_after_a_window() -> None:
     s = spec()
     state = calibrate(s, fresh(s), 0, {})

@@ -28,7 +28,7 @@ from spectune.engine.device_time import (
     spec_step,
 )
 from spectune.operator.estimator import (
-    CONFIDENT_STEPS,
+    CONFIDENT_SE,
     MIN_STEPS,
     clearly_not_one,
     estimate,
@@ -91,7 +91,7 @@ def test_noisy_curves_give_the_crossover_within_one_bucket(sku: str, acceptance:
         assert est.crossover.status == "crosses", est.reason
         distance = bucket_distance(est.crossover, truth(s))
         assert distance is not None and distance <= 1, (seed, est.reason, truth(s))
-        assert est.confidence == pytest.approx(math.sqrt(100 / CONFIDENT_STEPS))
+        assert est.confidence == 1.0  # 100 steps a mode: a speedup to 1.4% (assumed)
         assert est.threshold == math.ceil(est.crossover.batch or 0)
         assert "crossover at batch" in est.reason
 
@@ -148,10 +148,12 @@ def test_without_data_in_both_modes_the_crossover_is_unknown() -> None:
         _ = one_mode.threshold
 
 
-@pytest.mark.parametrize("fewest, confidence", [(200, 1.0), (800, 1.0), (50, 0.5), (20, 0.316)])
-def test_confidence_comes_from_the_fewest_steps_around_the_crossover(
+@pytest.mark.parametrize("fewest, confidence", [(800, 1.0), (50, 1.0), (30, 0.880), (20, 0.728)])
+def test_without_measured_noise_confidence_comes_from_the_steps_around_the_crossover(
     fewest: int, confidence: float
 ) -> None:
+    """STEP_NOISE (10%) per step in each mode where the window's batches measured nothing: the
+    fewer steps in the deciding buckets, the larger the speedup's error."""
     s = setting("H100")
     stats = synthetic(s, random.Random(4), steps={"plain": 400, "spec": 400})
     est = estimate("H100", stats)
@@ -164,6 +166,25 @@ def test_confidence_comes_from_the_fewest_steps_around_the_crossover(
             fewest, round(full.tokens * fewest / 400), full.seconds * fewest / 400
         )
     assert estimate("H100", stats).confidence == pytest.approx(confidence, abs=0.001)
+
+
+def test_measured_noise_decides_the_confidence_and_what_is_clear() -> None:
+    """The window's batches measured each mode's throughput to 4% in the deciding buckets: the
+    speedup to 5.7% (quadrature), a third of the confidence 400 steps a mode would assume,
+    and a 7% speedup over 400 steps is no longer clear of 1."""
+    s = setting("H100")
+    stats = synthetic(s, random.Random(4), steps={"plain": 400, "spec": 400})
+    assumed = estimate("H100", stats)
+    noise = {(m, p.batch): 0.04 for m in ("spec", "plain") for p in assumed.curve}
+    measured = estimate("H100", stats, throughput_noise=noise)
+    assert assumed.confidence == 1.0
+    assert measured.confidence == pytest.approx(CONFIDENT_SE / math.hypot(0.04, 0.04))
+    assert measured.crossover == assumed.crossover  # the noise moves no estimate
+    point, se = measured.noisiest or (None, 0.0)
+    assert point is not None and se == pytest.approx(0.0566, abs=1e-4)
+    plain = ModeStats(400, 400 * 50, 400 * 0.05)
+    seven = SpeedupPoint(50, plain, ModeStats(400, round(400 * 50 * 1.07), 400 * 0.05))
+    assert clearly_not_one(seven) and not clearly_not_one(seven, 0.0566)
 
 
 def test_undersampled_lists_buckets_traffic_reaches_without_enough_steps_in_a_mode() -> None:

@@ -138,6 +138,53 @@ def test_the_window_is_one_query_aggregated_in_promql_over_the_fresh_engines() -
     assert len(none_fresh.queries) == 3 and window.traffic.requests is None
 
 
+class Batched(Instants):
+    """Engines scraped every 2 s, and each batch of the window answered by a range query."""
+
+    def __init__(self, result: list[dict[str, Any]], batches: list[dict[str, Any]]) -> None:
+        super().__init__(result)
+        self.batches, self.ranges = batches, []
+
+    def custom_query(self, query: str, params: dict | None = None) -> list[dict[str, Any]]:
+        if query.endswith("[120s]"):
+            super().custom_query(query, params)
+            return [{"metric": {"pod": "e-0"}, "values": [[996.0, "1"], [998.0, "1"]]}]
+        return super().custom_query(query, params)
+
+    def custom_query_range(self, query: str, start_time, end_time, step: str) -> list[dict]:
+        self.queries.append(query)
+        self.ranges.append((start_time.timestamp(), end_time.timestamp(), step))
+        return self.batches
+
+
+def test_the_noise_comes_from_the_windows_batches_one_range_query_every_scrape() -> None:
+    """The window's batches: each counter's increase since one scrape interval before, at every
+    interval through the window, summed by SKU (joined), mode and bucket in PromQL; a pod's
+    restart (a counter that fell) drops out. Their spread is the throughput's noise."""
+    info = {"metric": {"pod": "e-0", "device": "H100"}, "value": [1000.0, "995.0"]}
+    labels = {"device": "H100", "mode": "spec", "batch": "8"}
+    times = [1000.0 - 2 * k for k in range(10)]
+    batches = [
+        {"metric": {**labels, "spectune_figure": "batch_tokens"},
+         "values": [[t, "110" if k % 2 else "90"] for k, t in enumerate(times)]},
+        {"metric": {**labels, "spectune_figure": "batch_seconds"},
+         "values": [[t, "1"] for t in times]},
+    ]  # fmt: skip
+    client = Batched([info], batches)
+    window = PrometheusReader("http://unused", client=client).read(Selector("ns", ("e-0",)), 20)
+    assert len(client.queries) == 5 and client.ranges == [(982.0, 1000.0, "2s")]
+    query = client.queries[-1]
+    fresh = '{namespace="ns",pod=~"e-0"}'
+    tokens = f"{contract.STEP_OUTPUT_TOKENS}{fresh}"
+    assert (
+        f"((max by (pod,mode,batch) ({tokens}) - max by (pod,mode,batch) ({tokens} offset 2s))"
+        " >= 0)"
+    ) in query
+    assert "group_left (device)" in query and "sum by (device,mode,batch)" in query
+    # rate 100 over 10 batches of 1 s, each 10 off: sqrt(10/9 * 1000) / 1000 tokens
+    assert window.noise == {"H100": {("spec", 8): pytest.approx((10 / 9 * 1000) ** 0.5 / 1000)}}
+
+
 def test_the_scrape_interval_is_read_from_the_samples_and_stretches_staleness() -> None:
     """At the 30 s interval most clusters scrape at, a 30 s staleness would drop engines
     between two scrapes and a 15 s warm-up would count a counter with one sample."""
@@ -302,6 +349,10 @@ def test_reads_one_deployments_engines_from_the_real_prometheus(
     assert {mode for mode, _ in stats} == {"spec", "plain"}, stats
     for s in stats.values():
         assert s.steps > 0 and s.tokens >= s.steps and s.seconds > 0
+    # the batches' range query parses and answers: a noise for buckets both modes ran in
+    noise = window.noise.get(info.device, {})
+    assert noise and all(0 <= v < 1 for v in noise.values()), noise
+    assert set(noise) <= set(stats), (noise, stats)
     t = window.traffic
     assert t.requests is not None and t.requests <= 1.3 * sent
     assert t.slo_met is not None and 0 <= t.slo_met <= t.requests * 1.01

@@ -13,6 +13,7 @@ from spectune.operator.window import (
     fleet_window,
     freshness,
     steady_prefill_excess,
+    throughput_noise,
 )
 
 
@@ -41,6 +42,31 @@ def test_steps_are_per_sku_and_unknown_figures_are_none_not_zero() -> None:
     assert t.slo_met is None and t.admitted_concurrency is None  # no answer: unknown
     assert t.e2e_p95_seconds is None
     assert t.decode_tokens == 294
+
+
+def test_throughput_noise_is_the_batch_means_error_of_the_ratio() -> None:
+    """Each batch (one scrape interval) weighs by its seconds; the error is of the summed
+    throughput, relative to it. Batches that ran nothing do not count; too few say nothing."""
+    steady = [(100.0, 1.0)] * 4
+    assert throughput_noise(steady) == 0.0
+    swinging = [(110.0, 1.0), (90.0, 1.0), (110.0, 1.0), (90.0, 1.0), (0.0, 0.0)]
+    # rate 100; residuals 10 each: sqrt(4/3 * 400) / 400 tokens
+    assert throughput_noise(swinging) == pytest.approx((4 / 3 * 400) ** 0.5 / 400)
+    assert throughput_noise(swinging[:3]) is None
+    # a long batch at one rate and short ones at another: weighed by seconds, not counted alike
+    long_short = [(1000.0, 10.0), (50.0, 1.0), (50.0, 1.0), (50.0, 1.0)]
+    even = [(1000.0, 10.0), (500.0, 10.0), (500.0, 10.0), (500.0, 10.0)]
+    assert throughput_noise(long_short) < throughput_noise(even)
+
+
+def test_the_window_carries_the_noise_of_each_sku_mode_and_bucket() -> None:
+    batches = {
+        ("L4", "spec", "8"): [(110.0, 1.0), (90.0, 1.0)] * 2,
+        ("L4", "plain", "8"): [(100.0, 1.0)] * 3,  # too few batches: no noise measured
+        ("L4", "spec", "x"): [(1.0, 1.0)] * 4,
+    }
+    window = fleet_window({"a": info("a", "L4")}, 60, {}, 2.0, batches)
+    assert window.noise == {"L4": {("spec", 8): pytest.approx(0.0577, abs=1e-4)}}
 
 
 def test_bucket_quantile_interpolates_as_histogram_quantile_does() -> None:
