@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client
@@ -20,7 +21,7 @@ from spectune.engine import contract
 from spectune.engine.device_time import LLAMA_8B, SKUS, Setting, analytic_crossover
 from tests.cluster.support import Cluster, is_loopback
 
-from .support import HTTP, PORT
+from .support import HTTP, PORT, get_sd
 
 CLIENTS, MAX_REQUESTS, LOAD_SECONDS = 8, 4000, 240
 PROMPTS = [line for line in inspect.getsource(json).splitlines() if len(line) > 30][:64]
@@ -132,6 +133,20 @@ def calibration_started(
         ),
         None,
     )
+
+
+def finished_after(
+    admin: client.ApiClient, namespace: str, name: str, since: str
+) -> dict[str, Any] | None:
+    """The calibration status once a calibration started after `since` left Exploring."""
+    cal = (get_sd(admin, namespace, name).get("status") or {}).get("calibration") or {}
+    started = cal.get("startedAt")
+    done = cal.get("phase") in ("Verifying", "Idle") and started
+    return cal if done and unix_time(started) > unix_time(since) else None
+
+
+def unix_time(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def simulated(cluster: Cluster, namespace: str) -> bool:

@@ -15,7 +15,16 @@ from spectune.operator.handlers import RESYNC_SECONDS
 from tests.cluster.support import Cluster
 from tests.support.waiting import wait_until
 
-from .e2e import Load, analytic_for, simulated, speculation, stepped, urls
+from .e2e import (
+    Load,
+    analytic_for,
+    calibration_started,
+    finished_after,
+    simulated,
+    speculation,
+    stepped,
+    urls,
+)
 from .support import (
     A100,
     AUTO,
@@ -25,6 +34,7 @@ from .support import (
     all_ready,
     create,
     get_sd,
+    patch_sd,
     sd_condition,
     specdeployment,
 )
@@ -54,7 +64,8 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
     what the engine ran (tokens drafted and committed per spec step, from its own counters).
     The others get light traffic: speculation pays at every batch it makes, so their threshold
     stops it just past those batches (or stays a bucket below, the dead band), and each pod runs
-    its own SKU's threshold.
+    its own SKU's threshold. A later calibration that sees only the A100 keeps the other SKUs'
+    thresholds on their pods.
     The pods' clocks run 4x slower than the SKU (the runner's default is 16): the modelled
     step times are the same, and each bucket gets its samples sooner."""
     namespace, name = tuner, "mixed"
@@ -124,3 +135,24 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
         assert status["threshold"]["current"] == per_sku[H100]["threshold"]
     for load in (busy, light):
         assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
+
+    # then a calibration that sees only the A100 (the only pod with traffic; a maximum age of a
+    # minute starts it): the H100 and L4 thresholds measured before stand, and their pods keep
+    # running them
+    first = status["calibration"]["startedAt"]
+    patch_sd(admin, namespace, name, {"tuning": {"maxAgeSeconds": 60}})
+    with Load([a100_url], stepping, seconds=300, temperature=1.0) as again:
+        wait_until(
+            "a calibration of the A100 alone",
+            lambda: finished_after(admin, namespace, name, first),
+            timeout=270,
+        )
+        status = get_sd(admin, namespace, name)["status"]
+        after = {s["sku"]: s for s in status["perSku"]}
+        assert {s: after[s]["threshold"] for s in (H100, L4)} == {
+            s: per_sku[s]["threshold"] for s in (H100, L4)
+        }, (per_sku, after)
+        assert calibration_started(admin, namespace, name, "maximum age")
+        want = {url: after[sku]["threshold"] for url, sku in sku_of.items()}
+        wait_until("each engine still on its SKU's threshold", in_step, 2 * RESYNC_SECONDS, 1)
+    assert again.sent > 0 and again.failed < again.sent / 10, (again.sent, again.failed)

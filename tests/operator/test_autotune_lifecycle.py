@@ -40,7 +40,7 @@ from tests.cluster.support import LOCAL, Cluster
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
-from .e2e import Load, calibration_started, events, simulated, speculation, urls
+from .e2e import Load, calibration_started, events, simulated, speculation, unix_time, urls
 from .support import (
     A100,
     AUTO,
@@ -202,20 +202,6 @@ def exploring(url: str) -> bool | None:
 
 def at_base(url: str) -> bool | None:
     return speculation(url)["effective_exploration"] == pytest.approx(BASE_EXPLORATION) or None
-
-
-def finished_after(
-    admin: client.ApiClient, namespace: str, name: str, since: str
-) -> dict[str, Any] | None:
-    """The calibration status once a calibration started after `since` left Exploring."""
-    cal = (get_sd(admin, namespace, name).get("status") or {}).get("calibration") or {}
-    started = cal.get("startedAt")
-    done = cal.get("phase") in ("Verifying", "Idle") and started and _t(started) > _t(since)
-    return cal if done else None
-
-
-def _t(rfc3339: str) -> float:
-    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def scale(admin: client.ApiClient, namespace: str, replicas: int) -> None:
@@ -487,7 +473,7 @@ def test_manual_pins_every_engine_and_auto_measures_again(
 
     def started() -> dict[str, Any] | None:
         cal = get_sd(admin, namespace, NAME)["status"]["calibration"]
-        return cal if cal.get("startedAt") and _t(cal["startedAt"]) >= since - 1 else None
+        return cal if cal.get("startedAt") and unix_time(cal["startedAt"]) >= since - 1 else None
 
     cal = wait_until("a calibration after Manual -> Auto", started, 60)
     assert cal["trigger"] == "Initial", cal
