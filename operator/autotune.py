@@ -506,7 +506,7 @@ def _decide(
             None if unmeasured else last_change,
             now,
             dwell,
-            dead_band_buckets=0 if clear else 1,
+            dead_band_buckets=0 if clear else est.dead_band,
         )
         if agrees:
             damped = dataclasses.replace(

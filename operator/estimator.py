@@ -62,6 +62,21 @@ class Estimate:
         return max(((p, self.noise[p.batch]) for p in points), key=lambda x: x[1], default=None)
 
     @property
+    def dead_band(self) -> int:
+        """Threshold buckets a move must go beyond: one (the crossover is located to within a
+        bucket), or as many as a standard error of the crossover spans where that is more
+        (buckets sit about sqrt(2) apart). The crossing is interpolated between the deciding
+        buckets, so their speedups' errors move it: more, the flatter the curve there."""
+        if self.crossover.status != "crosses" or self.crossover.batch is None:
+            return 1
+        (low, high), x = _deciding(self.crossover, self.curve), self.crossover.batch
+        drop, width = low.speedup - high.speedup, high.mean_batch - low.mean_batch
+        moved_by_low = width * (1 - high.speedup) / drop**2 * low.speedup * self.noise[low.batch]
+        moved_by_high = width * (low.speedup - 1) / drop**2 * high.speedup * self.noise[high.batch]
+        error = math.hypot(moved_by_low, moved_by_high)
+        return max(1, math.ceil(2 * math.log2((x + error) / x)))
+
+    @property
     def confidence(self) -> float:
         """0..1: CONFIDENT_SE over the noisiest deciding bucket's relative error, at most 1
         (0.5 when a 10% step in speedup is only three standard errors)."""

@@ -48,11 +48,17 @@ def reasons(result: autotune.Step) -> list[str]:
 
 
 def calibrate(s, state: State, start: float, stats: dict[str, StatsByBucket], **kw) -> State:
-    """Run one calibration from Idle to its decision; the state after the decision."""
-    pods = kw.pop("pods", None)
+    """Run one calibration from Idle to its decision; the state after the decision. `noise`:
+    every bucket's throughput error in the window, as measured from its batches."""
+    pods, noise = kw.pop("pods", None), kw.pop("noise", None)
     started = step(s, state, observe(start, window(kw.pop("before", {}), pods), **kw))
     assert started.state.calibration.phase == "Exploring", started
-    return step(s, started.state, observe(start + WINDOW, window(stats, pods), **kw)).state
+    explored = window(stats, pods)
+    if noise is not None:
+        explored = dataclasses.replace(
+            explored, noise={sku: dict.fromkeys(st, noise) for sku, st in stats.items()}
+        )
+    return step(s, started.state, observe(start + WINDOW, explored, **kw)).state
 
 
 def test_a_fresh_auto_deployment_calibrates_and_moves_to_the_crossover() -> None:
@@ -587,6 +593,27 @@ def test_damping_holds_a_move_within_the_dwell_time_or_the_dead_band() -> None:
     on = spec(value=1)  # batch 1 runs plain
     light = calibrate(on, fresh(on), 0, {H100: curve(100, buckets=(1,))})  # speedup 4 at 1
     assert light.threshold.current == 2 and light.calibration.phase == "Verifying"
+
+
+def test_the_dead_band_widens_to_the_crossovers_own_error() -> None:
+    """A curve that creeps through 1 between batches 24 and 32 (1.005, 0.995) puts the crossover
+    at 28, two buckets below the 48 measured before, and neither bucket flipped is clear of 1.
+    Measured to 2.3% a mode (a confident estimate), the crossover's error spans two buckets and
+    the move is held; measured to 0.2%, it is made."""
+    s = spec(minDwellSeconds=0)
+    state = measured(s, crossover=48)
+    assert state.threshold.current == 48
+    speedups = {8: 1.3, 12: 1.2, 16: 1.1, 24: 1.005, 32: 0.995, 48: 0.9, 64: 0.8}
+    creeping: StatsByBucket = {}
+    for b, speedup in speedups.items():
+        creeping[("plain", b)] = ModeStats(100, 100 * b, 1.0)
+        creeping[("spec", b)] = ModeStats(100, 200 * b, 2.0 / speedup)
+    scaled = {"replicas": 3, "before": elsewhere()}
+    noisy = calibrate(s, state, 400, {H100: creeping}, noise=0.023, **scaled)
+    assert noisy.threshold.current == 48 and noisy.calibration.phase == "Idle"
+    assert noisy.per_sku[0].batchSize == 28 and noisy.per_sku[0].confidencePercent == 51
+    quiet = calibrate(s, state, 400, {H100: creeping}, noise=0.002, **scaled)
+    assert quiet.threshold.current == 28 and quiet.calibration.phase == "Verifying"
 
 
 def test_two_skus_get_a_threshold_each() -> None:

@@ -30,6 +30,7 @@ from spectune.engine.device_time import (
 from spectune.operator.estimator import (
     CONFIDENT_SE,
     MIN_STEPS,
+    Estimate,
     clearly_not_one,
     estimate,
     estimate_by_sku,
@@ -247,3 +248,29 @@ def test_a_speedup_is_clear_beyond_its_noise_and_the_floor() -> None:
     assert not clearly_not_one(point(1.07, 20))
     assert clearly_not_one(point(1.07, 200)) and clearly_not_one(point(0.93, 200))
     assert not clearly_not_one(point(1.03, 100_000))
+
+
+def test_the_dead_band_is_one_bucket_or_what_the_crossovers_error_spans() -> None:
+    """The crossing is interpolated between the deciding buckets, so their speedups' errors
+    move it, the more the flatter the curve: through 1 at 1.005 and 0.995 between 24 and 32,
+    2.3% a mode (speedups to 3.3%) moves 28 by about 18, two buckets; 0.2% by 1.6, within one.
+    A steep curve's crossover stays within a bucket at the same noise; one-sided curves keep 1."""
+
+    def stats(speedups: dict[int, float]) -> dict[tuple[str, int], ModeStats]:
+        out = {}
+        for b, speedup in speedups.items():
+            out[("plain", b)] = ModeStats(100, 100 * b, 1.0)
+            out[("spec", b)] = ModeStats(100, 200 * b, 2.0 / speedup)
+        return out
+
+    def with_noise(speedups: dict[int, float], noise: float) -> Estimate:
+        st = stats(speedups)
+        return estimate("H100", st, throughput_noise=dict.fromkeys(st, noise))
+
+    creeping = {16: 1.1, 24: 1.005, 32: 0.995, 48: 0.9}
+    assert with_noise(creeping, 0.023).crossover.batch == pytest.approx(28.0)
+    assert with_noise(creeping, 0.023).dead_band == 2
+    assert with_noise(creeping, 0.002).dead_band == 1
+    steep = {16: 1.3, 24: 1.1, 32: 0.9, 48: 0.7}
+    assert with_noise(steep, 0.023).dead_band == 1
+    assert with_noise({16: 1.3, 24: 1.2}, 0.05).dead_band == 1  # always pays
