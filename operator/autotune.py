@@ -69,10 +69,12 @@ MIN_SCRAPES_PER_WINDOW = 8
 # for this share of the calibration window (30 s of the default 120): the load has shown its
 # range, and traffic that later runs past it is the past-bound trigger's to re-measure.
 RANGE_SETTLED_SHARE = 0.25
-# A calibration whose crossover rests on buckets too noisy to tell a 10% step in speedup (an
-# estimate's confidence below this) explores on past its window, up to this many windows in
-# all, rather than move a threshold on noise; then it decides on what it has.
-MIN_CONFIDENCE = 0.5
+# A calibration whose crossover rests on buckets too noisy to tell a 15% step in speedup (an
+# estimate's confidence below this: three standard errors of 5%) explores on past its window,
+# up to this many windows in all, rather than move a threshold on noise; then it decides on
+# what it has. Neighbouring buckets near a crossover differ by 5-15% in speedup: noise beyond
+# that hides more than the bucket the dead band already allows.
+MIN_CONFIDENCE = 1 / 3
 EXTENDED_WINDOWS = 2
 # No calibration starts until the last pod to become ready has served for this share of the
 # calibration window: the "before" window its change is verified against must hold a load the

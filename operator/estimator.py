@@ -79,7 +79,7 @@ class Estimate:
     @property
     def confidence(self) -> float:
         """0..1: CONFIDENT_SE over the noisiest deciding bucket's relative error, at most 1
-        (0.5 when a 10% step in speedup is only three standard errors)."""
+        (1/3 when a 15% step in speedup is only three standard errors)."""
         noisiest = self.noisiest
         return 0.0 if noisiest is None else min(1.0, CONFIDENT_SE / noisiest[1])
 

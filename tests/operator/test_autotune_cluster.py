@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from spectune.engine.crossover import Crossover, bucket_distance
+from spectune.operator.autotune import EXTENDED_WINDOWS
 from spectune.operator.handlers import RESYNC_SECONDS
 from tests.cluster.support import Cluster
 from tests.support.waiting import wait_until
@@ -94,16 +95,18 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
     # batches in buckets 16, 24, 32 and 48, 10 s at each, round and round: each bucket gets
     # its samples in both modes within the window even on a busy machine
     stepping = stepped((16, 28, 44, 64), 10)
+    # a calibration too noisy to decide explores for up to EXTENDED_WINDOWS windows
+    longest = 60 + EXTENDED_WINDOWS * spec["tuning"]["calibrationWindowSeconds"] + 90
     with (
-        Load([a100_url], stepping, seconds=300, temperature=1.0) as busy,
-        Load(others, 6, seconds=300, temperature=1.0) as light,
+        Load([a100_url], stepping, seconds=longest + 60, temperature=1.0) as busy,
+        Load(others, 6, seconds=longest + 60, temperature=1.0) as light,
     ):
         wait_until(
             "Calibrated=True",
             lambda: (
                 sd_condition(admin, namespace, name, "Calibrated").get("status") == "True" or None
             ),
-            timeout=240,
+            timeout=longest,
         )
         truth = analytic_for(a100_url, "A100", k=16)
         assert simulated(cluster, namespace)
@@ -141,12 +144,16 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
     # running them
     first = status["calibration"]["startedAt"]
     patch_sd(admin, namespace, name, {"tuning": {"maxAgeSeconds": 60}})
-    with Load([a100_url], stepping, seconds=300, temperature=1.0) as again:
-        wait_until(
-            "a calibration of the A100 alone",
-            lambda: finished_after(admin, namespace, name, first),
-            timeout=270,
-        )
+    with Load([a100_url], stepping, seconds=longest + 60, temperature=1.0) as again:
+        try:
+            wait_until(
+                "a calibration of the A100 alone",
+                lambda: finished_after(admin, namespace, name, first),
+                timeout=longest,
+            )
+        except AssertionError as e:
+            calibration = get_sd(admin, namespace, name)["status"]["calibration"]
+            raise AssertionError(f"{e}; status.calibration: {calibration}") from e
         status = get_sd(admin, namespace, name)["status"]
         after = {s["sku"]: s for s in status["perSku"]}
         assert {s: after[s]["threshold"] for s in (H100, L4)} == {

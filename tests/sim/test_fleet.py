@@ -49,10 +49,9 @@ def test_the_crossover_measured_on_live_traffic_is_the_device_models() -> None:
     80% every batch is past it and the measurement is one-sided): the operator re-measures (a
     traffic trigger) and both crossovers it commits lie within 10% of the roofline's with the
     draft's prefill spread over each request. The prefill outweighs the longer contexts' extra
-    KV reads here, so the crossover falls (64 -> 256 prompt tokens: 65 -> 62 in the model).
-    520 s: the second calibration waits until its deciding buckets are known well enough."""
+    KV reads here, so the crossover falls (64 -> 256 prompt tokens: 65 -> 62 in the model)."""
     sc = scenario(
-        traffic={"rate": 28, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 520},
+        traffic={"rate": 28, "prompt_tokens": 64, "output_tokens": 128, "duration_s": 450},
         events=[{"kind": "context", "at_s": 200, "scale": 4}, {"kind": "load", "at_s": 200,
                                                              "scale": 0.7}],
     )  # fmt: skip
