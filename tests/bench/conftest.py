@@ -1,8 +1,17 @@
-"""The tiny pair's in-process engine, shared by a module's tests."""
+"""The tiny pair's in-process engine, shared by a module's tests; the Prometheus binary."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.cluster.support import LOCAL, built
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> None:
+    """Install Prometheus (hack/build-binaries.sh). Tests that run it use this fixture, and so
+    must be marked `tools` (or `cluster`)."""
+    built(LOCAL / "bin" / "prometheus", "prometheus")
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,7 @@ def test_without_prometheus_one_line_says_how_to_build_it(tmp_path: Path, capsys
 
 @pytest.mark.tools
 @pytest.mark.slow
+@pytest.mark.usefixtures("prometheus_binary")
 def test_a_tiny_fleet_is_read_in_full() -> None:
     """3 deployments x 2 pods at 2 s scrapes, one on two SKUs: every turn's window holds both
     engines and decode steps on each SKU its pods run on, and Prometheus counted queries."""

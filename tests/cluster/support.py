@@ -8,6 +8,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -175,6 +176,17 @@ def require_cluster_tools(bin_dir: Path, go: str | None) -> None:
             "them: run .ci/run (it installs Go), or install Go and run `make binaries`",
             pytrace=False,
         )
+
+
+def built(binary: Path, group: str) -> Path:
+    """`binary`, built by hack/build-binaries.sh (its `group`) unless it is there: from the
+    per-user build cache in a second, else from source. A fresh clone has none until something
+    builds it, and a test that needs one may run before any cluster test."""
+    if not binary.exists():
+        require_cluster_tools(binary.parent, shutil.which("go"))
+        build = [str(REPO / "hack" / "build-binaries.sh"), group]
+        subprocess.run(build, check=True, timeout=3600)
+    return binary
 
 
 def load_script(name: str) -> ModuleType:

@@ -2,8 +2,8 @@
 
 `make check` runs `pytest -m "not cluster and not tools and not slow"`; that is only safe if
 every test that starts the local cluster is marked `cluster` and every test that runs a
-Go-built tool (helm) is marked `tools`. The fixtures are what bring those in, so the fixtures
-a test uses (its whole fixture closure) decide the markers it must carry."""
+Go-built tool (helm, Prometheus) is marked `tools`. The fixtures are what bring those in, so
+the fixtures a test uses (its whole fixture closure) decide the markers it must carry."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import pytest
 
 # fixture -> the markers, any one of which a test using it (directly or through other
 # fixtures) must carry: a cluster test needs the Go-built tools too, and is deselected either way
-NEEDS = {"cluster": ("cluster",), "helm_binary": ("tools", "cluster")}
+NEEDS = {
+    "cluster": ("cluster",),
+    "helm_binary": ("tools", "cluster"),
+    "prometheus_binary": ("tools", "cluster"),
+}
 
 
 def missing_markers(item: pytest.Item) -> list[str]:
