@@ -547,7 +547,9 @@ async def exploration_cost(target: HttpTarget, args: argparse.Namespace) -> None
     rows: list[tuple[str, LevelResult]] = []
     for clients, turn in itertools.product(args.levels, range(args.rounds)):
         for name in list(shares)[turn % 2 :] + list(shares)[: turn % 2]:
-            await target.set_exploration(shares[name])
+            # A calibration's share is a lease (both modes), the base explores plain only.
+            lease = args.seconds + 60 if name == "calibrating" else None
+            await target.set_exploration(shares[name], lease)
             results = await level(target, clients, args.seconds, f"{clients}/{turn}")
             row = summarize(
                 results, "current", None, Load("closed", clients), slo(args.time_scale), None

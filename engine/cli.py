@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--threshold", type=int, help="batch size at/above which speculation is off")
     serve.add_argument("--hysteresis", type=float)
     serve.add_argument(
-        "--exploration", type=float, help="share of iterations run in the other mode"
+        "--exploration",
+        type=float,
+        help="share of iterations run plain where the gate speculates",
     )
     serve.add_argument("--ttft-ms", type=int, help="SLO target for time to first token")
     serve.add_argument("--tpot-ms", type=int, help="SLO target for mean time per output token")

@@ -329,7 +329,11 @@ class SloSpec(Spec):
 class TuningSpec(Spec):
     calibrationWindowSeconds: int = Field(120, ge=10, le=86_400)
     explorationPercent: int = Field(
-        2, ge=0, le=50, description="share of iterations run in the other mode"
+        2,
+        ge=0,
+        le=50,
+        description="share of iterations run plain where the threshold speculates "
+        "(speculation past it is explored only while calibrating)",
     )
     minDwellSeconds: int = Field(
         300, ge=0, le=86_400, description="minimum time between threshold changes"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -186,7 +187,7 @@ class HttpTarget:
     async def __aexit__(self, *_exc: object) -> None:
         try:
             if self._restore is not None:
-                changed = ("threshold", "exploration")
+                changed = ("threshold", "exploration", "lease")
                 await self._put_speculation({k: self._restore[k] for k in changed})
         finally:
             await self._http.aclose()
@@ -227,10 +228,15 @@ class HttpTarget:
     async def set_threshold(self, threshold: int | None) -> None:
         await self._change({"threshold": threshold})
 
-    async def set_exploration(self, share: float) -> None:
-        """The share of iterations the engine runs in the other mode (what calibration
-        raises); put back on exit, like the threshold."""
-        await self._change({"exploration": share})
+    async def set_exploration(self, share: float, lease_seconds: float | None = None) -> None:
+        """The share of iterations the engine runs in the other mode: its base (plain where the
+        threshold speculates) or, for `lease_seconds`, a lease as a calibration raises it
+        (both modes); put back on exit, like the threshold."""
+        if lease_seconds is None:
+            await self._change({"exploration": share, "lease": None})
+        else:
+            until = time.time() + lease_seconds
+            await self._change({"lease": {"exploration": share, "until": until}})
 
     async def _change(self, body: dict[str, Any]) -> None:
         if self._restore is None:

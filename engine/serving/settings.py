@@ -48,7 +48,7 @@ class SpeculationSettings(BaseModel):
         1.0, ge=0, le=1024, description="once off, batch must fall below threshold - this"
     )
     exploration: float = Field(
-        0.0, ge=0, le=1, description="share of iterations run in the other mode"
+        0.0, ge=0, le=1, description="share of iterations run plain where the gate speculates"
     )
     lease: ExplorationLease | None = Field(
         None, description="exploration raised until a unix time, then back to `exploration`"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from spectune.engine.checkpoint import ModelNotFound
 from spectune.engine.config import EngineConfig, InvalidConfig
 from spectune.engine.engine import LLMEngine
-from spectune.engine.gate import GateSettings
+from spectune.engine.gate import GateSettings, Lease
 from spectune.engine.model import UnsupportedArchitecture
 from spectune.engine.sequence import InvalidRequest, SamplingParams
 from spectune.engine.zoo.training import held_out_acceptance
@@ -160,8 +161,10 @@ def test_after_plain_iterations_only_the_prompts_share_of_the_catch_up_is_charge
 
 @pytest.mark.parametrize(("threshold", "picked"), [(64, "spec"), (2, "plain")])
 def test_exploration_runs_the_other_mode_in_the_engine(tiny_pair, threshold, picked) -> None:
-    """Below the threshold explored iterations run plain, above it they speculate."""
-    eng = engine(tiny_pair, gate=GateSettings(threshold=threshold, exploration=0.3), seed=3)
+    """Below the threshold explored iterations run plain, above it (a lease's) they
+    speculate."""
+    lease = Lease(0.3, time.time() + 3600)
+    eng = engine(tiny_pair, gate=GateSettings(threshold=threshold, lease=lease), seed=3)
     eng.generate(PROMPTS[:4], SamplingParams(max_tokens=60, ignore_eos=True))
     decode = [it for it in eng.iterations if it.mode != "prefill" and it.batch_size == 4]
     explored = [it for it in decode if it.explored]

@@ -59,15 +59,37 @@ def test_threshold_change_applies_at_next_iteration() -> None:
     assert g.decide(1).speculate is False
 
 
-@pytest.mark.parametrize(("batch", "picked"), [(2, True), (20, False)])
-def test_exploration_runs_the_other_mode_at_the_configured_share(batch: int, picked: bool) -> None:
-    """Below the threshold a share runs plain; above it a share speculates."""
-    g = gate(threshold=8, exploration=0.1)
-    decisions = [g.decide(batch) for _ in range(5000)]
-    explored = [d for d in decisions if d.explored]
-    assert 0.08 < len(explored) / len(decisions) < 0.12
-    assert all(d.speculate is not picked for d in explored)
+def explored_share(g: SpeculationGate, batch: int, n: int = 5000) -> float:
+    """The share of `n` decisions at `batch` that ran the other mode; every other decision
+    ran the mode the threshold picks."""
+    decisions = [g.decide(batch) for _ in range(n)]
+    picked = batch < (g.settings.threshold or 0) or g.settings.threshold is None
+    assert all(d.speculate is not picked for d in decisions if d.explored)
     assert all(d.speculate is picked for d in decisions if not d.explored)
+    return sum(d.explored for d in decisions) / n
+
+
+def test_base_exploration_runs_plain_at_its_share_where_the_gate_speculates() -> None:
+    assert 0.08 < explored_share(gate(threshold=8, exploration=0.1), 2) < 0.12
+    assert 0.08 < explored_share(gate(threshold=None, exploration=0.1), 200) < 0.12
+
+
+def test_base_exploration_never_speculates_past_the_threshold() -> None:
+    """There an explored spec iteration makes the draft read all the plain iterations
+    committed first, a stall of the batch: only a calibration's lease pays it."""
+    assert explored_share(gate(threshold=8, exploration=0.1), 20) == 0.0
+    assert explored_share(gate(threshold=0, exploration=1.0), 1) == 0.0
+
+
+@pytest.mark.parametrize("batch", [2, 20])
+def test_a_lease_explores_both_modes_at_its_share(batch: int) -> None:
+    lease = Lease(0.1, 2000.0)
+    g = SpeculationGate(
+        GateSettings(threshold=8, exploration=0.0, lease=lease),
+        random.Random(0),
+        wall_clock=FakeWallClock(1000.0),
+    )
+    assert 0.08 < explored_share(g, batch) < 0.12
 
 
 @pytest.mark.parametrize(

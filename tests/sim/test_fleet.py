@@ -40,7 +40,7 @@ def test_auto_measures_a_threshold_and_verifies_it() -> None:
     assert "ThresholdVerified" in reasons and "RolledBack" not in reasons
     changed = [p for p in run.thresholds if p.threshold is not None]
     assert changed, "no threshold was set"
-    # exploration is raised only while calibrating: the steady windows run the base 2%
+    # exploration is raised only while calibrating: the steady windows run at most the base 2%
     assert run.windows[-1].explored_share < 0.06 < run.windows[0].explored_share
 
 
