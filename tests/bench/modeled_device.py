@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from spectune.engine.config import EngineConfig
 from spectune.engine.drafting import ModelDrafter
 from spectune.engine.engine import LLMEngine
-from spectune.engine.model_runner import ModelRunner
+from spectune.engine.model_runner import Feed, ModelRunner
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,10 @@ class ModeledDevice:
         return engine
 
     def _charge(self, runner: ModelRunner, cost: Cost) -> None:
-        forward = runner.forward
+        """Through the runner's meter, which every forward calls: the draft's greedy chain
+        runs its forwards inside one call, and wrapping `forward` left them uncharged."""
 
-        def timed(feeds, all_logits):
-            logits = forward(feeds, all_logits)
+        def charge(feeds: list[Feed]) -> None:
             self.now += cost.of(sum(len(f.tokens) for f in feeds))
-            return logits
 
-        runner.forward = timed
+        runner.on_forward = charge
