@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -84,14 +83,6 @@ def installed(
             )  # fmt: skip
             for ns in (watched, namespace):
                 core.delete_namespace(ns)
-
-
-def free_ports() -> tuple[int, int]:
-    """Two free loopback ports (held together while chosen, so they differ)."""
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        return a.getsockname()[1], b.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -33,9 +33,10 @@ from tests.operator.support import (
     kubectl,
     ready_pods,
 )
+from tests.support.ports import free_ports
 from tests.support.waiting import wait_until
 
-from .release import CRDS, Release, charts_operator, free_ports, installed
+from .release import CRDS, Release, charts_operator, installed
 from .support import CHART, VALUES, helm, template_args, umbrella_chart
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("helm_binary")]
@@ -96,7 +97,7 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
     on its H100 nodes, serving the model with its draft at its threshold), and the operator's
     metrics endpoint reports it. The one test that brings examples/specdeployment.yaml up."""
     ns, watched, fullname = release.namespace, release.watched, release.fullname
-    health, metrics_port = ports = free_ports()
+    health, metrics_port = ports = free_ports(2)
     with cluster.api() as admin, charts_operator(cluster, release, ports) as operator:
         log = operator.log
         try:

@@ -32,9 +32,10 @@ from tests.operator.support import (
     sd_condition,
     specdeployment,
 )
+from tests.support.ports import free_ports
 from tests.support.waiting import wait_until
 
-from .release import Release, charts_operator, free_ports, installed
+from .release import Release, charts_operator, installed
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.usefixtures("helm_binary")]
 
@@ -54,7 +55,7 @@ def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     tmp = tmp_path_factory.mktemp("kps")
     with (
         installed(cluster, tmp, values, prefix="kps") as release,
-        charts_operator(cluster, release, free_ports()) as operator,
+        charts_operator(cluster, release, free_ports(2)) as operator,
     ):
         try:
             yield release
