@@ -465,6 +465,17 @@ def _covered(before: Baseline | None, estimates: Mapping[str, Estimate]) -> dict
     return kept | measured
 
 
+def _floor(estimate: Estimate, runs: int | None) -> int | None:
+    """Below which batch a SKU speculates unmeasured after a calibration that measured
+    speculation paying at no batch: its smallest measured batch, or the threshold the SKU keeps
+    where that is lower (batches between them run plain, the side that costs no more than the
+    speedup a re-measure could find). None for other curves."""
+    floor = estimate.floor
+    if floor is None or runs is None:
+        return floor
+    return min(floor, runs)
+
+
 def _pods_by_sku(window: FleetWindow) -> dict[str, int]:
     out: dict[str, int] = {}
     for engine in window.engines.values():
@@ -494,10 +505,13 @@ def _decide(
         current = old.get(sku, state.threshold.current)
         unmeasured = sku not in old and not measured_before
         # a threshold an earlier calibration measured stands where this one measured only
-        # one side of the crossover and agrees with it (not a start value: that is a guess);
-        # damping still clamps it into the spec's range
+        # one side of the crossover and agrees with it. A start value is a guess that a bound
+        # moves; but paying at no measured batch never raises one: that would speculate at
+        # the unmeasured batches below them (16 -> 128 when a busy fleet ran only at 128,
+        # spectune-sim). Damping still clamps it into the spec's range.
         asked = clamp(est.threshold, t.min, t.max)
-        agrees = sku in old and asked != current and est.agrees_with(current)
+        kept_as_measured = sku in old or est.crossover.status == "never_pays"
+        agrees = kept_as_measured and asked != current and est.agrees_with(current)
         targets[sku] = current if agrees else asked
         clear = est.flips_a_clear_bucket(current, targets[sku])
         damped = damp(
@@ -511,10 +525,10 @@ def _decide(
             dead_band_buckets=0 if clear else est.dead_band,
         )
         if agrees:
+            what = "measured earlier" if sku in old else "the start value"
             damped = dataclasses.replace(
                 damped,
-                message=f"{current}, measured earlier, stands: it agrees with this "
-                "one-sided measurement",
+                message=f"{current}, {what}, stands: it agrees with this one-sided measurement",
             )
         move = auto and damped.action == "change"
         changed |= move
@@ -541,6 +555,7 @@ def _decide(
         for p in state.per_sku
         if p.sku not in estimates
     ] if measured_before else []  # fmt: skip
+    runs = {p.sku: p.threshold for p in per_sku}  # what each measured SKU runs from now
     main = max(per_sku, key=lambda s: (s.pods, s.sku))  # the crossover this window measured
     main_estimate = estimates[main.sku]
     per_sku += unseen
@@ -573,10 +588,11 @@ def _decide(
             for sku, e in estimates.items()
             if e.bound is not None and e.bound < t.max  # at max, larger batches change nothing
         },
+        # at min, smaller batches change nothing
         floors={
-            sku: e.floor
+            sku: floor
             for sku, e in estimates.items()
-            if e.floor is not None and e.floor > t.min  # at min, smaller batches change nothing
+            if (floor := _floor(e, runs[sku])) is not None and floor > t.min
         },
         covered=_covered(cal.baseline, estimates),
     )

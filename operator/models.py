@@ -425,8 +425,9 @@ class Baseline(BaseModel):
     )
     floors: dict[str, int] = Field(
         default_factory=dict,
-        description="SKU -> the smallest batch measured, for SKUs where speculation paid at "
-        "no batch measured: traffic running below it re-measures",
+        description="SKU -> the smallest batch measured, or the SKU's threshold where that is "
+        "lower, for SKUs where speculation paid at no batch measured: traffic running below it "
+        "(speculating, unmeasured) re-measures",
     )
     covered: dict[str, list[int]] | None = Field(
         default=None,

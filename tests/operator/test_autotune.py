@@ -407,10 +407,10 @@ def test_traffic_past_a_bound_re_measures_the_batches_it_reaches() -> None:
 
 
 def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
-    """The mirror: a busy window measured speculation paying at no batch from 32 up. It turns
-    off from 32 only (smaller batches still speculate, unmeasured), and once most decode steps
-    run below 32 a calibration measures those batches."""
-    s = spec()
+    """The mirror: a busy window measured speculation paying at no batch from 32 up. With no
+    start value (always speculate) it turns off from 32 only (smaller batches still speculate,
+    unmeasured), and once most decode steps run below 32 a calibration measures those batches."""
+    s = spec(value=None)
     large = (32, 48)
     state = calibrate(s, fresh(s), 0, {H100: curve(10, buckets=large)})
     assert state.threshold.current == 32
@@ -431,14 +431,15 @@ def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
 
 @pytest.mark.parametrize(
     ("buckets", "asked"),
-    [((1, 2, 4), 6), ((32, 48), 32)],
+    [((1, 2, 4), 6), ((32, 48), 21)],
     ids=["load fell: pays at every batch it reaches", "load rose: pays at none"],
 )
 def test_a_load_away_from_a_measured_crossover_keeps_it(buckets, asked) -> None:
     """A crossing measured at 20 (threshold 21) stands when a later calibration (here the
     replicas changed) sees traffic only on one side of it: paying at every batch up to 4, or at
     none from 32, says nothing against 21, so the threshold does not follow the load there and
-    back. The bound still tells the past-bound trigger where the measured batches end."""
+    back. The bound still tells the past-bound trigger where the measured batches end; the
+    floor tells its mirror where speculation runs (below 21; 21-31 run plain)."""
     s = spec(minDwellSeconds=0)
     state = measured(s, crossover=20)
     assert (state.threshold.current, state.threshold.source) == (21, "Measured")
@@ -461,6 +462,34 @@ def test_a_one_sided_measurement_still_moves_a_start_value() -> None:
     s = spec(value=64, minDwellSeconds=0)
     state = calibrate(s, fresh(s), 0, {H100: curve(20, buckets=(1, 2, 4))})
     assert state.threshold.current == 6
+
+
+def test_paying_at_no_measured_batch_never_raises_a_start_value() -> None:
+    """A busy fleet measured only at 128, where speculation does not pay: the start value 16
+    stands (raising it to 128 would speculate at every unmeasured batch below 128), and the
+    floor trigger watches the batches that still speculate unmeasured, those below 16."""
+    s = spec(value=16, minDwellSeconds=0)
+    state = fresh(s)
+    started = step(s, state, observe(WINDOW, window({H100: curve(10, buckets=(128,))})))
+    assert started.state.calibration.phase == "Exploring"
+    decided = step(s, started.state, observe(2 * WINDOW, window({H100: curve(10, buckets=(128,))})))
+    assert reasons(decided) == ["ThresholdKept"], decided.events
+    assert "16, the start value, stands" in decided.events[0].message
+    after = decided.state
+    assert (after.threshold.current, after.threshold.source) == (16, "Spec")
+    assert after.calibration.baseline is not None
+    assert after.calibration.baseline.floors == {H100: 16}
+    between = window({H100: curve(10, buckets=(24, 32, 48))})  # plain there: no re-measure
+    assert step(s, after, observe(4 * WINDOW, between)).state == after
+    below = window({H100: curve(10, buckets=(8, 12))})
+    assert step(s, after, observe(4 * WINDOW, below)).state.calibration.trigger == "Traffic"
+
+
+def test_paying_at_no_measured_batch_lowers_a_start_value_above_them() -> None:
+    """The same measurement against a start value of 256 turns speculation off from 128."""
+    s = spec(value=256, minDwellSeconds=0)
+    state = calibrate(s, fresh(s), 0, {H100: curve(10, buckets=(128,))})
+    assert state.threshold.current == 128
 
 
 def test_a_change_that_makes_requests_queue_is_verified_with_a_warning() -> None:
