@@ -25,7 +25,11 @@ def test_fewer_clients_finish_their_requests_and_stop(tiny_pair, tmp_path) -> No
         fleet = Fleet(Slo(ttft_ms=10_000, tpot_ms=10_000))
         try:
             await fleet.set([served.url], 6, 1.0)
-            await asyncio.sleep(3)
+            # six requests answered before the cut (about 3 s here; a fixed 3 s answered none
+            # beside a busy suite), so that at least seven are when the extra four have stopped
+            deadline = time.monotonic() + 120
+            while len(fleet.results) < 6 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
             await fleet.set([served.url], 2, 1.0)
             # the four extra clients stop once the request each is on is answered: seconds
             # here, longer on a busy machine
