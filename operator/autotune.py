@@ -509,11 +509,7 @@ def _decide(
         # moves; but paying at no measured batch never raises one: that would speculate at
         # the unmeasured batches below them (16 -> 128 when a busy fleet ran only at 128,
         # spectune-sim). Damping still clamps it into the spec's range.
-        # a threshold measured earlier sits near its crossover, where a re-check can miss the
-        # bucket below it: such a curve moves it to its first bucket at most, not down its slope
-        # (65 -> 61 -> 68 on a steady load crossing at 64; spectune-sim)
-        edge = sku in old and est.crossover.status == "never_pays"
-        asked = clamp(est.curve[0].batch if edge else est.threshold, t.min, t.max)
+        asked = clamp(est.threshold, t.min, t.max)
         kept_as_measured = sku in old or est.crossover.status == "never_pays"
         agrees = kept_as_measured and asked != current and est.agrees_with(current)
         targets[sku] = current if agrees else asked

@@ -93,13 +93,10 @@ class Estimate:
         edges of what the window measured. Speedup falls as the batch grows, so a curve above 1
         in every measured bucket says nothing of larger batches: speculation runs through the
         largest measured bucket and stops at the next (a trigger re-measures once traffic runs
-        there). A curve below 1 from its first measured bucket turns speculation off from where
-        its measured slope reaches 1 further down (see `below`), or from that bucket where the
-        slope says nothing (a threshold measured earlier moves no further: see autotune)."""
+        there). Alike, a curve below 1 from its first measured bucket turns speculation off
+        only from that bucket up: not paying at 32 says nothing against 16."""
         if self.crossover.status == "never_pays":
-            below = self.below
-            first = self.curve[0].batch
-            return first if below is None else min(first, max(1, math.ceil(below)))
+            return self.curve[0].batch
         if self.crossover.status == "always_pays":
             return self.bound
         return self.crossover.threshold
@@ -109,12 +106,6 @@ class Estimate:
         """For a curve that pays in every measured bucket: the batch where the measured range
         ends (the next bucket's lower edge), None past the last bucket or for other curves."""
         return _bound(self.crossover, self.curve)
-
-    @property
-    def below(self) -> float | None:
-        """For a curve that pays in no measured bucket: where its measured slope reaches
-        speedup 1 below the measured range (see `_reaches_one`), else None."""
-        return _reaches_one(self.crossover, self.curve)
 
     @property
     def floor(self) -> int | None:
@@ -252,25 +243,6 @@ def _deciding(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> list[Spe
     return list(curve[:1])
 
 
-def _reaches_one(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> float | None:
-    """For a curve that pays in no measured bucket: the batch where its least-squares line in
-    log2(batch) reaches speedup 1 further down; None with one bucket, or a curve not falling as
-    the batch grows. A threshold there runs plain between it and the first measured bucket:
-    the side that loses at most the little speculation gains near its crossover, where the first
-    bucket left a busy fleet speculating at the unmeasured batches 16-47 at a loss (48; the
-    device model's crossover there: 15; spectune-sim). On the device model's curves (an 8B
-    target, a 1B draft, prompts of 1,000 tokens) the line drawn through 48-128 reaches 1 above
-    the crossover: at 28, 28 and 21 where H100, A100 and L4 cross at 15, 12 and 20."""
-    if crossover.status != "never_pays" or len(curve) < 2:
-        return None
-    xs = [math.log2(p.mean_batch) for p in curve]
-    ys = [p.speedup for p in curve]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-    return 2 ** (mx + (1 - my) / slope) if slope < 0 else None
-
-
 def _bound(crossover: Crossover, curve: tuple[SpeedupPoint, ...]) -> int | None:
     if crossover.status != "always_pays":
         return None
@@ -297,21 +269,8 @@ def _reason(
         return f"speculation pays at every batch measured: crossover {bound}"
     if crossover.status == "never_pays":
         first = curve[0].batch
-        said = f"speculation does not pay even at batch {first}, the smallest measured"
-        reach = _reaches_one(crossover, curve)
-        if first == 1:
-            return said
-        if reach is None or reach >= first:
-            return f"{said}; off from {first} up, smaller batches not measured"
-        if reach < 1:
-            return (
-                f"{said}; smaller batches not measured, and the measured speedups, drawn on "
-                "down, stay under 1"
-            )
-        return (
-            f"{said}; smaller batches not measured: the measured speedups, drawn on down, "
-            f"reach 1 near batch {reach:.1f}"
-        )
+        below = "" if first == 1 else f"; off from {first} up, smaller batches not measured"
+        return f"speculation does not pay even at batch {first}, the smallest measured{below}"
     (low, high) = _deciding(crossover, curve)
     return (
         f"crossover at batch {crossover.batch:.1f}: speedup {low.speedup:.2f} at batch "
