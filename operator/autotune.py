@@ -525,7 +525,9 @@ def _decide(
             dead_band_buckets=0 if clear else est.dead_band,
         )
         if agrees:
-            what = "measured earlier" if sku in old else "the start value"
+            what = "measured earlier"
+            if sku not in old:  # a SKU new to a measured deployment runs the deployment's
+                what = "the deployment's threshold" if measured_before else "the start value"
             damped = dataclasses.replace(
                 damped,
                 message=f"{current}, {what}, stands: it agrees with this one-sided measurement",
