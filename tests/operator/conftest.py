@@ -1,6 +1,6 @@
-"""Fixtures for the operator against the real local API server (RBAC on): the CRDs served, an
-operator bound to exactly the chart's rules, a namespace per test, and a namespace with a tuning
-operator of its own. Helpers live in support.py and e2e.py."""
+"""Fixtures for the operator against the real local API server (RBAC on): the CRDs served, a
+namespace per test, an operator bound to exactly the chart's rules watching it, and a namespace
+with a tuning operator of its own. Helpers live in support.py and e2e.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ from spectune.operator.models import GROUP, PLURAL, VERSION
 from tests.cluster.support import REPO, Cluster
 from tests.support.waiting import wait_until
 
-from .support import OPERATOR_NS, RULES, apply_files, own_operator, start_operator
+from .support import (
+    OPERATOR_NS,
+    RULES,
+    apply_files,
+    delete_specdeployments,
+    own_operator,
+    start_operator,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +45,27 @@ def _served(api: client.ApiClient) -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, admin: client.ApiClient, tmp_path_factory) -> Iterator[Path]:
-    """An operator watching every namespace; yields its log."""
+@pytest.fixture
+def operator(
+    cluster: Cluster, admin: client.ApiClient, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Path]:
+    """An operator watching the test's namespaces (its `namespace` and `restricted` fixtures',
+    whichever it uses): the other lane's tests run beside it (tests/support/lanes.py). Yields
+    its log; their SpecDeployments are deleted while it runs, which takes its finalizer off."""
+    watched = [
+        request.getfixturevalue(f) for f in ("namespace", "restricted") if f in request.fixturenames
+    ]
+    assert watched, "the operator fixture needs the test's namespace (or restricted) fixture"
     running = start_operator(
-        cluster, admin, tmp_path_factory.mktemp("operator"), yaml.safe_load(RULES.read_text())
-    )
+        cluster, admin, tmp_path, yaml.safe_load(RULES.read_text()),
+        extra=[arg for ns in watched for arg in ("--namespace", ns)],
+    )  # fmt: skip
     yield running.log
-    running.stop()
+    try:
+        for ns in watched:
+            delete_specdeployments(admin, ns)
+    finally:
+        running.stop()
 
 
 @pytest.fixture

@@ -186,7 +186,10 @@ def start_operator(
     `instance` picks its liveness port: operators running at once need different ones. It
     elects itself by the Lease `lease` in OPERATOR_NS (its credentials' namespace, as a pod's
     would be); by default one of its own, so that operators of other tests on this cluster
-    neither wait for it nor make it wait."""
+    neither wait for it nor make it wait. `extra` names the namespaces it watches (--namespace):
+    make test runs another lane's tests at once (tests/support/lanes.py), whose SpecDeployments
+    an operator watching every namespace would reconcile beside their own operators."""
+    assert "--namespace" in extra, "a test's operator watches only its tests' namespaces"
     name = f"spectune-operator-{uuid.uuid4().hex[:6]}"
     bind_operator(admin, name, rules)
     kubeconfig = sa_kubeconfig(cluster, OPERATOR_NS, name, tmp / f"{name}.kubeconfig")

@@ -20,7 +20,7 @@ def test_missing_permission_leaves_the_operator_unable_to_act(
 ) -> None:
     """Without `create deployments` the API server refuses the operator: RBAC is really on."""
     rules = [r for r in yaml.safe_load(RULES.read_text()) if r["resources"] != ["deployments"]]
-    operator = start_operator(cluster, admin, tmp_path, rules)
+    operator = start_operator(cluster, admin, tmp_path, rules, extra=["--namespace", namespace])
     try:
         create(admin, namespace, specdeployment("llm"))
         wait_until(
