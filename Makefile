@@ -22,8 +22,8 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The tiny pair first: both lanes of hack/test.sh use it, and one must not train it beside the
-# other.
+# The tiny pair first: every lane of hack/test.sh uses it, and none must train it beside the
+# others.
 test: lint models
 	@hack/test.sh
 

@@ -1,30 +1,64 @@
 #!/usr/bin/env bash
-# `make test`: every test, in two lanes at once. The cluster lane (tests that need the local
-# cluster or a Go-built tool, one at a time as before) spends most of its time waiting on
-# calibration windows and scrapes; the other lane (make check's tests and the slow ones that
-# need neither) runs beside it at nice 10, so the engines behind the cluster's pods keep their
-# modelled clocks. Arguments go to both pytest runs. The cluster lane prints as it runs, the
-# other lane's output follows it; the exit status is non-zero when either lane failed (a lane
-# that arguments leave without tests, pytest's exit 5, has not failed).
+# `make test`: every test, in lanes at once against one local cluster (tests/support/lanes.py).
+# - wiring: the cluster and tools tests but the autotuner's end-to-end ones, one at a time;
+# - autotune: the autotuner's end-to-end tests, one at a time, beside wiring (both spend most
+#   of their time waiting on calibration windows and scrapes, and their operators watch only
+#   their own tests' namespaces);
+# - beside both, at nice 10, every test that needs neither the cluster nor a Go-built tool, so
+#   that the engines behind the cluster's pods keep their modelled clocks;
+# - then the cluster's restart test alone (it takes the cluster down and up).
+# The cluster comes up first when a lane needs it and is not up (and goes down at the end), so
+# that the lanes share it. Arguments go to every pytest run. The wiring lane prints as it runs,
+# the others' output follows; the exit status is non-zero when a lane failed (a lane that
+# arguments leave without tests, pytest's exit 5, has not failed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pytest=.venv/bin/pytest
-beside="$(mktemp -t spectune-test-beside.XXXXXX)"
-trap 'rm -f "$beside"' EXIT
+out="$(mktemp -d -t spectune-test.XXXXXX)"
+trap 'rm -rf "$out"' EXIT
+cluster_tests=(-m "cluster or tools")
 
-echo "test: the lane beside the cluster (not cluster, not tools) runs at nice 10; its output follows the cluster lane's"
-nice -n 10 "$pytest" -p no:cacheprovider -m "not cluster and not tools" "$@" >"$beside" 2>&1 &
-other=$!
+needs_cluster() {
+  (($# == 0)) || "$pytest" -p no:cacheprovider -q --collect-only -m cluster "$@" >/dev/null 2>&1
+}
+started=0
+if needs_cluster "$@" && ! hack/cluster.sh status >/dev/null 2>&1; then
+  if ! command -v go >/dev/null && [[ ! -x .local/bin/kube-apiserver ]]; then
+    echo "test: the local cluster's binaries are not in .local/bin and Go is not installed to" \
+      "build them: run .ci/run (it installs Go), or install Go and run \`make binaries\`" >&2
+    exit 1
+  fi
+  hack/cluster.sh up || { echo "test: the local cluster did not come up (above)" >&2; exit 1; }
+  started=1
+fi
 
-"$pytest" -m "cluster or tools" "$@"
-cluster=$?
-wait "$other"
-besides=$?
+echo "test: lanes at once: wiring (below), autotune and, at nice 10, the tests that need no cluster (their output follows)"
+nice -n 10 "$pytest" -p no:cacheprovider -m "not cluster and not tools" "$@" >"$out/beside" 2>&1 &
+beside=$!
+"$pytest" -p no:cacheprovider "${cluster_tests[@]}" --lane autotune "$@" >"$out/autotune" 2>&1 &
+autotune=$!
+"$pytest" "${cluster_tests[@]}" --lane wiring "$@"
+status=(wiring $?)
+wait "$autotune"
+status+=(autotune $?)
+wait "$beside"
+status+=(beside $?)
+
+for lane in autotune beside; do
+  echo
+  echo "=== the $lane lane ==="
+  cat "$out/$lane"
+done
+echo
+echo "=== the restart lane, after the others ==="
+"$pytest" -p no:cacheprovider "${cluster_tests[@]}" --lane restart "$@"
+status+=(restart $?)
+((started)) && hack/cluster.sh down >/dev/null
 
 echo
-echo "=== the lane beside the cluster: not cluster, not tools (exit $besides) ==="
-cat "$beside"
-echo
-echo "test: cluster lane exit $cluster, the lane beside it exit $besides"
-ok() { (($1 == 0 || $1 == 5)); }
-ok "$cluster" && ok "$besides"
+echo "test: exit status by lane: ${status[*]}"
+failed=0
+for ((i = 1; i < ${#status[@]}; i += 2)); do
+  ((status[i] == 0 || status[i] == 5)) || failed=1
+done
+exit "$failed"

@@ -18,7 +18,7 @@ from tests.cluster.support import (
     run_visible,
 )
 
-pytest_plugins = ["pytester", "tests.support.markers"]
+pytest_plugins = ["pytester", "tests.support.markers", "tests.support.lanes"]
 
 
 @pytest.fixture(scope="session")

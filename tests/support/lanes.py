@@ -1,0 +1,45 @@
+"""A pytest plugin: `--lane NAME` keeps only that lane's tests, so that `make test`
+(hack/test.sh) runs the cluster tests in two lanes at once against one local cluster.
+
+The cluster tests spend most of their time waiting on calibration windows and scrapes, not on
+the CPU, so two of them at once take little longer than one. Their operators watch only the
+namespaces their own tests create (start_operator insists), so neither lane's operator
+reconciles the other's SpecDeployments. The restart test takes the cluster down and up, so it
+has a lane of its own, run after the others."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatch
+
+import pytest
+
+# lane -> what it holds; a test is in the first lane whose pattern its node id matches
+LANES = {
+    "restart": "tests/cluster/test_restart.py::*",
+    "autotune": "tests/operator/test_autotune_*",
+    "wiring": "*",
+}
+
+
+def lane_of(nodeid: str) -> str:
+    return next(lane for lane, pattern in LANES.items() if fnmatch(nodeid, pattern))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lane",
+        choices=sorted(LANES),
+        help="run only this lane's tests: restart (the cluster's restart test), autotune (the "
+        "autotuner's end-to-end modules) or wiring (every other test)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lane = config.getoption("lane")
+    if lane is None:
+        return
+    kept = [item for item in items if lane_of(item.nodeid) == lane]
+    dropped = [item for item in items if lane_of(item.nodeid) != lane]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
