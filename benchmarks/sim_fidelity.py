@@ -17,14 +17,21 @@ make it accept exactly what the real engine accepted, sequence by sequence and i
 iteration, so both run the same batches through the same lengths and pauses, and any
 difference left in a bucket is a forward the simulator charges differently.
 
+With `--clients N` the requests come from N closed-loop clients instead (each sends its next
+when its last finishes, after a `--think` pause, on the modelled clock), and the comparison
+adds what a fleet's goodput rests on: the running-batch distribution over decode steps and
+the goodput under an SLO, simulated over real, while the clients kept sending.
+
 Usage: .venv/bin/python benchmarks/sim_fidelity.py [--sku L4] [--requests 64]
            [--max-batch-size 32] [--k 4] [--acceptance matched|raw] [--pooled] [--seed 0]
            [--min-acceptance 0.2] [--exploration 0.2] [--prompt 16 96] [--output 32 96]
+           [--clients 24 [--think 500] [--slo 1000 60]]
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,7 +41,8 @@ from spectune.engine.config import EngineConfig
 from spectune.engine.device_time import sku_named
 from spectune.engine.engine import LLMEngine
 from spectune.engine.gate import GateSettings
-from spectune.engine.sequence import SamplingParams, Sequence
+from spectune.engine.request_timing import RequestTiming
+from spectune.engine.sequence import SamplingParams, Sequence, Status
 from spectune.engine.zoo.registry import resolve_model
 from spectune.engine.zoo.training import corpus, held_out_prompts
 from spectune.sim.engine_pod import PodConfig, Request, SimEngine
@@ -47,6 +55,7 @@ FEW = 20  # rows with fewer steps than this on either side are marked: noise, no
 class Job:
     prompt: list[int]
     output: int
+    think: float = 0.0  # closed loop: seconds its client waits after its last request finished
 
 
 @dataclass
@@ -88,19 +97,72 @@ class Run:
     # its order (spec iterations, then sequences in batch order): per drafted token 0.0 for
     # accepted, then 1.0 for the first rejected one.
     draws: list[float] = field(default_factory=list)
+    # Closed-loop runs: each decode step's (modelled end, running batch); each request's
+    # (arrival, timing); when the last request was sent. Until then the clients keep sending,
+    # after it the run drains, which a closed loop that keeps sending never does.
+    batches: list[tuple[float, int]] = field(default_factory=list)
+    timings: list[tuple[float, RequestTiming]] = field(default_factory=list)
+    last_sent: float = 0.0
 
     @property
     def acceptance(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    @property
+    def steady_batches(self) -> list[int]:
+        """The running batch of each decode step while the clients kept sending."""
+        return [b for at, b in self.batches if at <= self.last_sent]
 
-def workload(count: int, seed: int, prompt: tuple[int, int], output: tuple[int, int]) -> list[Job]:
+    def met(self, ttft_s: float, tpot_s: float) -> int:
+        """Requests finished while the clients kept sending that met both SLOs."""
+        return sum(
+            t.meets(ttft_s, tpot_s) for at, t in self.timings if at + t.e2e <= self.last_sent
+        )
+
+
+def workload(
+    count: int, seed: int, prompt: tuple[int, int], output: tuple[int, int], think_s: float = 0.0
+) -> list[Job]:
     """`count` held-out byte prompts (the tiny models' tokens are bytes), lengths drawn from a
-    seeded RNG."""
+    seeded RNG; think times exponential with mean `think_s`, from an RNG of their own (the
+    lengths stay those of the seed)."""
     _, held_out = corpus()
     texts = held_out_prompts(held_out, count, prompt[1])
-    rng = random.Random(seed)
-    return [Job(t[: rng.randint(*prompt)], rng.randint(*output)) for t in texts]
+    rng, pause = random.Random(seed), random.Random(seed + 1)
+    return [
+        Job(t[: rng.randint(*prompt)], rng.randint(*output),
+            pause.expovariate(1 / think_s) if think_s else 0.0)
+        for t in texts
+    ]  # fmt: skip
+
+
+class Clients:
+    """Who sends which job when: `count` closed-loop clients send the first jobs at 0, and
+    each the next job that job's think time after its last finished; None: every job at 0.
+    The real run and the simulated one share it, so both send alike."""
+
+    def __init__(self, jobs: list[Job], count: int | None) -> None:
+        self.jobs = jobs
+        self.next = len(jobs) if count is None else min(count, len(jobs))
+        self.queued = [(0.0, i) for i in range(self.next)]  # a heap of (send time, job)
+        self.last_sent = 0.0
+
+    def due(self, now: float) -> list[tuple[float, int]]:
+        """The (send time, job)s due by `now`, taken off the queue."""
+        out = []
+        while self.queued and self.queued[0][0] <= now:
+            out.append(heapq.heappop(self.queued))
+            self.last_sent = max(self.last_sent, out[-1][0])
+        return out
+
+    def finished(self, at: float) -> None:
+        """A request finished at `at`: its client queues the next job, if any is left."""
+        if self.next < len(self.jobs):
+            heapq.heappush(self.queued, (at + self.jobs[self.next].think, self.next))
+            self.next += 1
+
+    def next_send(self) -> float | None:
+        return self.queued[0][0] if self.queued else None
 
 
 def _draft_len(engine: LLMEngine, s: Sequence) -> int:
@@ -117,10 +179,13 @@ def run_real(
     k: int,
     max_batch_size: int,
     min_acceptance: float = 0.2,
+    clients: int | None = None,
 ) -> tuple[Run, LLMEngine]:
     """The real engine (tiny target + tiny draft, greedy) on the simulated SKU's clock. Its
     KV budget holds about 60k tokens of the tiny pair (no preemption at these sizes; the
-    table says if there were any)."""
+    table says if there were any). Every job is queued at 0, or with `clients`, that many
+    closed-loop clients each send the next job when theirs finishes (at the modelled time
+    its last token reached them)."""
     config = EngineConfig(
         model="tiny-target", draft="tiny-draft", k=k, gate=gate, device="cpu",
         max_batch_size=max_batch_size, block_size=BLOCK_SIZE, simulate_device=sku,
@@ -129,19 +194,39 @@ def run_real(
     engine = LLMEngine(config, resolve_model=resolve_model)
     assert engine.simulation is not None
     engine.simulation.hold = False
-    params = [SamplingParams(max_tokens=j.output, ignore_eos=True) for j in jobs]
-    seqs = [engine.add_request(j.prompt, p) for j, p in zip(jobs, params, strict=True)]
-    index = {s.seq_id: i for i, s in enumerate(seqs)}
+    index: dict[int, int] = {}  # seq_id -> job
+    arrived, first, done = [0.0] * len(jobs), [0.0] * len(jobs), [0.0] * len(jobs)
+    sending = Clients(jobs, clients)
+    idle = 0.0  # the run's clock is the modelled one plus the time the engine sat idle
     drafted, accepted = [0] * len(jobs), [0] * len(jobs)
     run = Run()
-    while engine.has_work():
+    while True:
+        for at, i in sending.due(engine.simulation.modelled + idle):
+            params = SamplingParams(max_tokens=jobs[i].output, ignore_eos=True)
+            index[engine.add_request(jobs[i].prompt, params).seq_id] = i
+            arrived[i] = at
+        if not engine.has_work():
+            if (at := sending.next_send()) is None:
+                break
+            idle = at - engine.simulation.modelled
+            continue
         plan = {s.seq_id: _draft_len(engine, s) for s in engine.scheduler.running}
         before = len(engine.iterations)
         updates = engine.step()
+        now = engine.simulation.modelled + idle
+        for u in updates:
+            i = index[u.seq.seq_id]
+            if u.new_tokens and not first[i]:
+                first[i] = now
+            if u.seq.status is Status.FINISHED and not done[i]:
+                done[i] = now
+                sending.finished(now)
         if len(engine.iterations) == before:
             continue
         it = engine.iterations[-1]
         run.tallies[(it.mode, c.batch_bucket(it.batch_size))].add(it.seconds, it.tokens)
+        if it.mode != "prefill":
+            run.batches.append((now, it.batch_size))
         run.draft_prefill_seconds += it.draft_prefill_seconds
         run.catchup_seconds += it.catchup_seconds
         if it.mode != "spec":
@@ -160,6 +245,11 @@ def run_real(
     run.total_seconds = engine.simulation.modelled
     run.preemptions = engine.scheduler.num_preemptions
     run.per_request = list(zip(drafted, accepted, strict=True))
+    run.timings = [
+        (a, RequestTiming(f - a, d - a, j.output))
+        for a, f, d, j in zip(arrived, first, done, jobs, strict=True)
+    ]
+    run.last_sent = sending.last_sent
     return run, engine
 
 
@@ -205,10 +295,12 @@ def run_sim(
     gate: GateSettings,
     engine: LLMEngine,
     replay: list[float] | None = None,
+    clients: int | None = None,
 ) -> Run:
-    """SimEngine with the real engine's settings, the same requests all submitted at 0;
-    `replay`: the real run's acceptance draws (Replay; `rates` all 0.5). Its gate draws
-    exploration from the engine's seed, as the engine's does."""
+    """SimEngine with the real engine's settings, the same requests all submitted at 0 (or
+    sent by `clients` closed-loop clients, as run_real's); `replay`: the real run's acceptance
+    draws (Replay; `rates` all 0.5). Its gate draws exploration from the engine's seed, as the
+    engine's does."""
     cfg = engine.config
     pod = PodConfig(
         sku=sku_named(cfg.simulate_device or ""), method="draft", k=cfg.k,
@@ -220,11 +312,20 @@ def run_sim(
     sim = SimEngine("fidelity", pod, gate, cfg.seed)
     if replay is not None:
         sim.acceptance_draws = Replay(replay)  # type: ignore[assignment]
-    for i, (job, rate) in enumerate(zip(jobs, rates, strict=True)):
-        assert sim.submit(Request(i, 0.0, len(job.prompt), job.output, rate), 0.0)
+    requests: list[Request] = []
+    sending = Clients(jobs, clients)
     run = Run()
     now = 0.0
-    while sim.has_work():
+    while True:
+        for at, i in sending.due(now):
+            requests.append(Request(i, at, len(jobs[i].prompt), jobs[i].output, rates[i]))
+            assert sim.submit(requests[-1], at)
+        if not sim.has_work():
+            if (at := sending.next_send()) is None:
+                break
+            now = at
+            continue
+        finished = sum(r.done_at is not None for r in requests)
         running, decoded = len(sim.scheduler.running), sim.decode_iterations
         seconds = sim.step(now)
         if seconds is None:
@@ -233,6 +334,10 @@ def run_sim(
         if sim.decode_iterations == decoded:  # a prefill: its batch is who joined
             admitted = len(sim.scheduler.running) - running
             run.tallies[("prefill", c.batch_bucket(admitted))].add(seconds, admitted)
+        else:
+            run.batches.append((now, running))
+        for _ in range(sum(r.done_at is not None for r in requests) - finished):
+            sending.finished(now)
     values = sim.series.values
     for (metric, labels), value in list(values.items()):
         if metric == f"{c.STEP_SECONDS}_count":
@@ -251,6 +356,15 @@ def run_sim(
     run.accepted = round(values.get((c.SPEC_ACCEPTED_TOKENS, ()), 0.0))
     run.total_seconds = now
     run.preemptions = sim.scheduler.num_preemptions
+    run.timings = [
+        (
+            r.arrival,
+            RequestTiming(r.first_token_at - r.arrival, r.done_at - r.arrival, r.output_tokens),
+        )
+        for r in requests
+        if r.first_token_at is not None and r.done_at is not None
+    ]
+    run.last_sent = sending.last_sent
     return run
 
 
@@ -309,6 +423,67 @@ def table(title: str, real: Run, sim: Run) -> list[str]:
     return lines
 
 
+def batch_shares(run: Run) -> dict[int, float]:
+    """Each batch bucket's share of the decode steps run while every client was busy."""
+    counts: dict[int, int] = defaultdict(int)
+    for b in run.steady_batches:
+        counts[c.batch_bucket(b)] += 1
+    return {bucket: n / len(run.steady_batches) for bucket, n in sorted(counts.items())}
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """A closed-loop run's steady part on both sides: mean running batch, the running-batch
+    distributions' distance (total variation over batch buckets: the share of decode steps
+    that would have to move bucket) and goodput (SLO-met requests per modelled second)."""
+
+    batch: tuple[float, float]  # (real, sim)
+    distance: float
+    goodput: tuple[float, float]
+    met: tuple[int, int]
+
+
+def closed_loop(real: Run, sim: Run, ttft_s: float, tpot_s: float) -> ClosedLoop:
+    shares = batch_shares(real), batch_shares(sim)
+    buckets = set(shares[0]) | set(shares[1])
+    mean = [sum(r.steady_batches) / len(r.steady_batches) for r in (real, sim)]
+    met = [r.met(ttft_s, tpot_s) for r in (real, sim)]
+    return ClosedLoop(
+        batch=(mean[0], mean[1]),
+        distance=sum(abs(shares[0].get(b, 0) - shares[1].get(b, 0)) for b in buckets) / 2,
+        goodput=(met[0] / real.last_sent, met[1] / sim.last_sent),
+        met=(met[0], met[1]),
+    )
+
+
+def closed_loop_lines(title: str, real: Run, sim: Run, ttft_s: float, tpot_s: float) -> list[str]:
+    shares = batch_shares(real), batch_shares(sim)
+    found = closed_loop(real, sim, ttft_s, tpot_s)
+    lines = [
+        f"## {title}",
+        "",
+        "| batch bucket | real share of decode steps | sim share |",
+        "|---|---|---|",
+    ]
+    for bucket in sorted(set(shares[0]) | set(shares[1])):
+        lines.append(
+            f"| {bucket} | {shares[0].get(bucket, 0):.3f} | {shares[1].get(bucket, 0):.3f} |"
+        )
+    (rb, sb), (rg, sg) = found.batch, found.goodput
+    return [
+        *lines,
+        "",
+        f"- while the clients kept sending (real {real.last_sent:.3f} s, sim "
+        f"{sim.last_sent:.3f} s of modelled time):",
+        f"- mean running batch: real {rb:.2f}, sim {sb:.2f} (x{sb / rb:.4f}); distributions "
+        f"{found.distance:.3f} apart (total variation)",
+        f"- goodput (TTFT {ttft_s * 1e3:.0f} ms, TPOT {tpot_s * 1e3:.0f} ms): real {rg:.2f} "
+        f"req/s ({found.met[0]} met), sim {sg:.2f} ({found.met[1]} met)"
+        + (f": x{sg / rg:.4f}" if rg else ""),
+        f"- acceptance: real {real.acceptance:.3f}, sim {sim.acceptance:.3f}",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sku", default="L4")
@@ -330,8 +505,23 @@ def main() -> None:
         help="a third run: always speculate but explore plain steps at this share (0: none)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="the workload's lengths")
+    parser.add_argument(
+        "--clients", type=int,
+        help="closed-loop clients instead of every request queued at 0: each sends its next "
+        "request when its last finishes; adds the running-batch distribution and goodput",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slo", type=float, nargs=2, default=(1000.0, 60.0), metavar=("TTFT_MS", "TPOT_MS"),
+        help="the goodput's SLO with --clients",
+    )  # fmt: skip
+    parser.add_argument(
+        "--think", type=float, default=0.0, metavar="MS",
+        help="with --clients: each client's mean pause between requests (exponential)",
+    )  # fmt: skip
     args = parser.parse_args()
-    jobs = workload(args.requests, args.seed, tuple(args.prompt), tuple(args.output))
+    jobs = workload(
+        args.requests, args.seed, tuple(args.prompt), tuple(args.output), args.think / 1e3
+    )
     print(
         f"{len(jobs)} requests on {args.sku}, k={args.k}, max batch {args.max_batch_size}, "
         f"acceptance {args.acceptance}{' pooled' if args.pooled else ' per request'}, "
@@ -348,15 +538,19 @@ def main() -> None:
                 GateSettings(threshold=None, exploration=args.exploration),
             )
         )
+    ttft_s, tpot_s = (v / 1e3 for v in args.slo)
     for title, gate in gates:
         real, engine = run_real(
-            jobs, gate, args.sku, args.k, args.max_batch_size, args.min_acceptance
+            jobs, gate, args.sku, args.k, args.max_batch_size, args.min_acceptance, args.clients
         )
         rates = acceptances(real, args.k, args.acceptance, args.pooled)
-        sim = run_sim(jobs, rates, gate, engine)
+        sim = run_sim(jobs, rates, gate, engine, clients=args.clients)
         print("\n".join(table(title, real, sim)) + "\n")
+        if args.clients:
+            loop = f"{title}: {args.clients} closed-loop clients"
+            print("\n".join(closed_loop_lines(loop, real, sim, ttft_s, tpot_s)) + "\n")
         if real.drafted:
-            replayed = run_sim(jobs, [0.5] * len(jobs), gate, engine, real.draws)
+            replayed = run_sim(jobs, [0.5] * len(jobs), gate, engine, real.draws, args.clients)
             print("\n".join(table(f"{title}, the real acceptances replayed", real, replayed)))
             print()
 

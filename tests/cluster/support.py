@@ -189,9 +189,9 @@ def built(binary: Path, group: str) -> Path:
     return binary
 
 
-def load_script(name: str) -> ModuleType:
-    """hack/<name>.py (a script, not a package module), imported for its pure functions."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "hack" / f"{name}.py")
+def load_script(name: str, folder: str = "hack") -> ModuleType:
+    """<folder>/<name>.py (a script, not a package module), imported for its functions."""
+    spec = importlib.util.spec_from_file_location(name, REPO / folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
