@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make test`: every test, in lanes at once against one local cluster (tests/support/lanes.py).
-# - wiring: the cluster and tools tests but the autotuner's end-to-end ones, one at a time;
-# - autotune: the autotuner's end-to-end tests, one at a time, beside wiring (both spend most
-#   of their time waiting on calibration windows and scrapes, and their operators watch only
-#   their own tests' namespaces);
+# - wiring: the cluster and tools tests but autotune's, one at a time;
+# - autotune: the autotuner's two longest end-to-end modules (the three-SKU e2e and the
+#   lifecycle), one test at a time, beside wiring (both spend most of their time waiting on
+#   calibration windows and scrapes, and their operators watch only their own tests'
+#   namespaces);
 # - beside both, at nice 10, every test that needs neither the cluster nor a Go-built tool, so
 #   that the engines behind the cluster's pods keep their modelled clocks;
 # - then the cluster's restart test alone (it takes the cluster down and up).

@@ -16,6 +16,8 @@ FILES = {
     "tests/cluster/test_restart.py": "restart",
     "tests/cluster/test_prometheus.py": "wiring",
     "tests/operator/test_autotune_lifecycle.py": "autotune",
+    "tests/operator/test_autotune_cluster.py": "autotune",
+    "tests/operator/test_autotune_unscraped.py": "wiring",
     "tests/operator/test_operator_cluster.py": "wiring",
     "tests/chart/test_prometheus_operator.py": "wiring",
 }
