@@ -212,15 +212,21 @@ def _run(args: argparse.Namespace) -> int:
     memo = handler_memo(args)
 
     async def operate(stop: asyncio.Event) -> None:
-        await kopf.operator(
-            clusterwide=not args.namespace,
-            namespaces=args.namespace or [],
-            standalone=True,
-            liveness_endpoint=args.liveness,
-            settings=settings,
-            stop_flag=stop,
-            memo=memo,
-        )
+        ready = asyncio.Event()
+        signals = asyncio.create_task(leadership.take_signals_back(stop, ready))
+        try:
+            await kopf.operator(
+                clusterwide=not args.namespace,
+                namespaces=args.namespace or [],
+                standalone=True,
+                liveness_endpoint=args.liveness,
+                settings=settings,
+                stop_flag=stop,
+                ready_flag=ready,
+                memo=memo,
+            )
+        finally:
+            signals.cancel()
         # Sync handlers may still be finishing in kopf's threads: the Lease is held until then.
         await asyncio.to_thread(settings.execution.executor.shutdown, wait=True)
 

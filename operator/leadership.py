@@ -234,6 +234,16 @@ def standby_health(endpoint: str) -> Iterator[None]:
         server.server_close()
 
 
+async def take_signals_back(stop: asyncio.Event, ready: asyncio.Event) -> None:
+    """Once kopf has started (`ready`), SIGTERM and SIGINT set `stop` again. kopf answers them
+    with a flag of its own, and then waits 5 s for its waiter on `stop`, which nothing set,
+    before cancelling it: every exit, a rolling upgrade's included, took 5 s longer."""
+    await ready.wait()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+
 def _on_stop_signals(stop: Callable[[], None]) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop())
