@@ -184,8 +184,8 @@ def run_real(
     """The real engine (tiny target + tiny draft, greedy) on the simulated SKU's clock. Its
     KV budget holds about 60k tokens of the tiny pair (no preemption at these sizes; the
     table says if there were any). Every job is queued at 0, or with `clients`, that many
-    closed-loop clients each send the next job when theirs finishes (at the modelled time
-    its last token reached them)."""
+    closed-loop clients each send the next job its think time after theirs finished (on the
+    modelled clock, plus the time the engine sat idle waiting for one)."""
     config = EngineConfig(
         model="tiny-target", draft="tiny-draft", k=k, gate=gate, device="cpu",
         max_batch_size=max_batch_size, block_size=BLOCK_SIZE, simulate_device=sku,
@@ -424,7 +424,7 @@ def table(title: str, real: Run, sim: Run) -> list[str]:
 
 
 def batch_shares(run: Run) -> dict[int, float]:
-    """Each batch bucket's share of the decode steps run while every client was busy."""
+    """Each batch bucket's share of the decode steps run while the clients kept sending."""
     counts: dict[int, int] = defaultdict(int)
     for b in run.steady_batches:
         counts[c.batch_bucket(b)] += 1
