@@ -314,6 +314,7 @@ def run_sim(
         sim.acceptance_draws = Replay(replay)  # type: ignore[assignment]
     requests: list[Request] = []
     sending = Clients(jobs, clients)
+    finished = 0  # of `requests`, after the last step
     run = Run()
     now = 0.0
     while True:
@@ -325,7 +326,6 @@ def run_sim(
                 break
             now = at
             continue
-        finished = sum(r.done_at is not None for r in requests)
         running, decoded = len(sim.scheduler.running), sim.decode_iterations
         seconds = sim.step(now)
         if seconds is None:
@@ -336,8 +336,10 @@ def run_sim(
             run.tallies[("prefill", c.batch_bucket(admitted))].add(seconds, admitted)
         else:
             run.batches.append((now, running))
-        for _ in range(sum(r.done_at is not None for r in requests) - finished):
+        done = sum(r.done_at is not None for r in requests)
+        for _ in range(done - finished):
             sending.finished(now)
+        finished = done
     values = sim.series.values
     for (metric, labels), value in list(values.items()):
         if metric == f"{c.STEP_SECONDS}_count":
@@ -437,27 +439,33 @@ class ClosedLoop:
     distributions' distance (total variation over batch buckets: the share of decode steps
     that would have to move bucket) and goodput (SLO-met requests per modelled second)."""
 
-    batch: tuple[float, float]  # (real, sim)
-    distance: float
+    shares: tuple[dict[int, float], dict[int, float]]  # (real, sim): batch_shares
+    batch: tuple[float, float]
     goodput: tuple[float, float]
     met: tuple[int, int]
 
+    @property
+    def buckets(self) -> list[int]:
+        return sorted(set(self.shares[0]) | set(self.shares[1]))
+
+    @property
+    def distance(self) -> float:
+        real, sim = self.shares
+        return sum(abs(real.get(b, 0) - sim.get(b, 0)) for b in self.buckets) / 2
+
 
 def closed_loop(real: Run, sim: Run, ttft_s: float, tpot_s: float) -> ClosedLoop:
-    shares = batch_shares(real), batch_shares(sim)
-    buckets = set(shares[0]) | set(shares[1])
     mean = [sum(r.steady_batches) / len(r.steady_batches) for r in (real, sim)]
     met = [r.met(ttft_s, tpot_s) for r in (real, sim)]
     return ClosedLoop(
+        shares=(batch_shares(real), batch_shares(sim)),
         batch=(mean[0], mean[1]),
-        distance=sum(abs(shares[0].get(b, 0) - shares[1].get(b, 0)) for b in buckets) / 2,
         goodput=(met[0] / real.last_sent, met[1] / sim.last_sent),
         met=(met[0], met[1]),
     )
 
 
 def closed_loop_lines(title: str, real: Run, sim: Run, ttft_s: float, tpot_s: float) -> list[str]:
-    shares = batch_shares(real), batch_shares(sim)
     found = closed_loop(real, sim, ttft_s, tpot_s)
     lines = [
         f"## {title}",
@@ -465,10 +473,9 @@ def closed_loop_lines(title: str, real: Run, sim: Run, ttft_s: float, tpot_s: fl
         "| batch bucket | real share of decode steps | sim share |",
         "|---|---|---|",
     ]
-    for bucket in sorted(set(shares[0]) | set(shares[1])):
-        lines.append(
-            f"| {bucket} | {shares[0].get(bucket, 0):.3f} | {shares[1].get(bucket, 0):.3f} |"
-        )
+    for bucket in found.buckets:
+        shares = (found.shares[0].get(bucket, 0), found.shares[1].get(bucket, 0))
+        lines.append(f"| {bucket} | {shares[0]:.3f} | {shares[1]:.3f} |")
     (rb, sb), (rg, sg) = found.batch, found.goodput
     return [
         *lines,

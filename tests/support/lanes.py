@@ -44,8 +44,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lane = config.getoption("lane")
     if lane is None:
         return
-    kept = [item for item in items if lane_of(item.nodeid) == lane]
-    dropped = [item for item in items if lane_of(item.nodeid) != lane]
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (kept if lane_of(item.nodeid) == lane else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = kept
