@@ -522,6 +522,7 @@ def windows(*loads: Traffic, end: float) -> list[tuple[datetime, Traffic]]:
 
 
 STEADY = (traffic(),) * 3
+POORER = dataclasses.replace(traffic(), accepted_tokens=300.0)  # acceptance 0.6 -> 0.3
 
 
 @pytest.mark.parametrize(
@@ -530,7 +531,7 @@ STEADY = (traffic(),) * 3
         ({"replicas": 3, "steps": elsewhere()}, "Replicas", "replicas changed from 2 to 3"),
         ({"pods": {"e-0": L4, "e-1": L4}}, "Sku", f"from {H100} to {L4}"),
         ({"spec": {"numSpeculativeTokens": 6}}, "Spec", "k 4 -> 6"),
-        ({"loads": (traffic(rate=20.0),) * 3}, "Traffic", "request rate per engine"),
+        ({"loads": (POORER,) * 3}, "Traffic", "acceptance rate moved by at least -50%"),
         ({"later": 3600}, "MaxAge", "maximum age"),
     ],
 )
@@ -593,12 +594,12 @@ def test_a_replica_change_under_a_baseline_without_coverage_re_measures() -> Non
 def test_traffic_from_before_the_measurement_does_not_count_as_a_shift() -> None:
     s = spec()
     state = measured(s)  # at T0 + 60 s; the goodput check ends at T0 + 120 s
-    low = (traffic(rate=1.0),) * 4
+    poorer = (POORER,) * 4
     # windows read at 0, 60, 120, 180 s: only the last two began after the measurement
-    assert step(s, state, observe(3 * WINDOW, window(), recent=windows(*low, end=180))).state == (
-        state
-    )
-    shifted = step(s, state, observe(4 * WINDOW, window(), recent=windows(*low, end=240)))
+    assert step(
+        s, state, observe(3 * WINDOW, window(), recent=windows(*poorer, end=180))
+    ).state == (state)
+    shifted = step(s, state, observe(4 * WINDOW, window(), recent=windows(*poorer, end=240)))
     assert shifted.state.calibration.trigger == "Traffic"
 
 

@@ -127,9 +127,6 @@ def test_noise_within_the_percent_never_fires() -> None:
 @pytest.mark.parametrize(
     "shifted, signal",
     [
-        (traffic(rate=14), "request rate per engine"),
-        (traffic(rate=6), "request rate per engine"),
-        (traffic(engines=2), "request rate per engine"),
         (traffic(tokens=200), "output tokens per request"),
         (traffic(prompt=512), "prompt tokens per request"),
         (traffic(acceptance=0.3), "acceptance rate"),
@@ -155,27 +152,49 @@ def test_every_signal_that_moved_is_named() -> None:
     assert "acceptance" not in reason.message and "output" not in reason.message
 
 
-def test_a_load_rise_that_replicas_absorb_is_no_shift() -> None:
+@pytest.mark.parametrize(
+    "load", [{"rate": 14}, {"rate": 6}, {"engines": 2}], ids=["up", "down", "spread"]
+)
+def test_a_load_shift_alone_re_measures_nothing(load: dict[str, float]) -> None:
+    """The request rate per engine moves the batches each pod runs, not the speedup curve: held
+    for every window it fires nothing alone (the bound and floor triggers judge the batches it
+    reaches), and it is named beside a signal that moves the curve."""
+    base = traffic()
+    assert traffic_shifted(base, [traffic(**load)] * 5, percent=30) is None
+    longer = traffic(**load, prompt=512)
+    reason = traffic_shifted(base, [longer] * 3, percent=30)
+    assert reason is not None and reason.message.startswith("request rate per engine moved")
+    assert "; prompt tokens per request moved by at least +700%" in reason.message
+
+
+def test_a_load_rise_that_replicas_absorb_is_not_named() -> None:
     """An HPA doubles the replicas as the load doubles: what each engine serves, and so its
-    batches and the crossover, did not move."""
-    base, absorbed = traffic(rate=10, engines=2), traffic(rate=20, engines=4)
-    assert traffic_shifted(base, [absorbed] * 3, percent=30) is None
-    assert traffic_shifted(base, [traffic(rate=20, engines=2)] * 3, percent=30) is not None
+    batches, did not move."""
+    base = traffic(rate=10, engines=2)
+    absorbed, kept = (
+        traffic(rate=20, engines=4, prompt=512),
+        traffic(rate=20, engines=2, prompt=512),
+    )
+    reason = traffic_shifted(base, [absorbed] * 3, percent=30)
+    assert reason is not None and reason.message.startswith("prompt tokens per request")
+    reason = traffic_shifted(base, [kept] * 3, percent=30)
+    assert reason is not None and reason.message.startswith("request rate per engine")
 
 
 def test_a_spike_or_a_shift_that_flips_direction_does_not_fire() -> None:
     base = traffic()
-    spike = [traffic(), traffic(rate=30), traffic()]
+    spike = [traffic(), traffic(acceptance=0.2), traffic()]
     assert traffic_shifted(base, spike, percent=30, windows=3) is None
-    flip = [traffic(rate=15), traffic(rate=5), traffic(rate=15)]
+    flip = [traffic(acceptance=0.9), traffic(acceptance=0.3), traffic(acceptance=0.9)]
     assert traffic_shifted(base, flip, percent=30) is None
 
 
 def test_unknown_traffic_never_fires() -> None:
     base = traffic()
     unknown = Traffic(seconds=WINDOW)
-    assert traffic_shifted(base, [traffic(rate=20), unknown, traffic(rate=20)], 30) is None
-    assert traffic_shifted(unknown, [traffic(rate=20)] * 3, 30) is None
+    longer = traffic(prompt=512)
+    assert traffic_shifted(base, [longer, unknown, longer], 30) is None
+    assert traffic_shifted(unknown, [longer] * 3, 30) is None
     assert unknown.request_rate is None and unknown.acceptance is None
     no_drafts = Traffic(seconds=WINDOW, drafted_tokens=0.0, accepted_tokens=0.0)
     assert no_drafts.acceptance is None  # nothing drafted: unknown, not 0% acceptance
