@@ -25,6 +25,7 @@ class Arrival:
     prompt_tokens: int
     output_tokens: int
     acceptance: float  # each drafted token is accepted with this probability
+    workload: str = "interactive"  # or "bulk": the scenario's second class
 
 
 def draw_acceptance(rng: random.Random, a: Acceptance | AcceptanceShift) -> float:
@@ -98,4 +99,27 @@ def arrivals(scenario: Scenario, seed: int) -> list[Arrival]:
         for _ in range(copies):
             acceptance = draw_acceptance(rng, accept)
             out.append(Arrival(at, max(1, round(prompt * context)), output, acceptance))
+    if scenario.bulk is None:
+        return out
+    bulk = _bulk(scenario, seed, len(out), duration(scenario, out))
+    return sorted(out + bulk, key=lambda a: a.at)
+
+
+def _bulk(scenario: Scenario, seed: int, interactive: int, seconds: float) -> list[Arrival]:
+    """The bulk class's Poisson arrivals over `seconds`: `share` of all requests on average,
+    drawn from their own generator so that the interactive requests are the same with or
+    without them."""
+    bulk = scenario.bulk
+    assert bulk is not None
+    rate = interactive * bulk.share / (1 - bulk.share) / seconds if seconds > 0 else 0.0
+    if rate <= 0:
+        return []
+    rng = random.Random(seed * 1_000_003 + 2)
+    accept = bulk.acceptance or scenario.acceptance
+    out, t = [], rng.expovariate(rate)
+    while t < seconds:
+        out.append(
+            Arrival(t, bulk.prompt_tokens, bulk.output_tokens, draw_acceptance(rng, accept), "bulk")
+        )
+        t += rng.expovariate(rate)
     return out

@@ -1,7 +1,7 @@
-"""`spectune-sim`: run a scenario (every policy under every seed) and write its report, print
-sim.json's JSON Schema, or check a scenario file. Bad input (a scenario that does not check, a
-trace that cannot be read, a bad argument) is one line on stderr starting `spectune-sim: `
-and exit code 2, never a traceback.
+"""`spectune-sim`: run a scenario (every policy under every seed) and write its report, compare
+its one pool with split fleets, print sim.json's JSON Schema, or check a scenario file. Bad
+input (a scenario that does not check, a trace that cannot be read, a bad argument) is one line
+on stderr starting `spectune-sim: ` and exit code 2, never a traceback.
 
 Every number the simulator writes is SIMULATED (a roofline model of each GPU SKU), not measured.
 """
@@ -68,6 +68,12 @@ def parser() -> Parser:
         metavar="POLICY",
         help="auto, never, always or thresholds (default: the scenario's)",
     )
+    split = sub.add_parser(
+        "split", help="compare one pool with split fleets (the scenario's bulk and split)"
+    )
+    split.add_argument("scenario", type=Path, help="scenario YAML file with bulk: and split:")
+    split.add_argument("--out", type=Path, help="report folder (default .cache/sim/<name>-split)")
+    split.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the scenario's)")
     sub.add_parser("schema", help="print sim.json's JSON Schema")
     check = sub.add_parser("check", help="validate a scenario file and summarize it")
     check.add_argument("scenario", type=Path, help="scenario YAML file")
@@ -115,6 +121,25 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def split_command(args: argparse.Namespace) -> int:
+    """One pool against each split of it (progress to stderr); print split.md's path."""
+    scenario = load_scenario(args.scenario)
+    if scenario.split is None:
+        raise UsageError(f"split: {args.scenario} has no split: section (and a bulk: class)")
+    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
+        raise UsageError("split: --seeds lists a seed twice")
+    from spectune.sim.split import compare, write
+
+    out = args.out or Path(".cache") / "sim" / f"{folder_name(scenario.name)}-split"
+    result = compare(scenario, seeds=args.seeds, progress=progress)
+    try:
+        report = write(result, out)
+    except OSError as err:
+        raise UsageError(f"cannot write the report to {out}: {err.strerror or err}") from None
+    print(report)
+    return 0
+
+
 def check_policies(policies: list[str | int] | None) -> list[str | int] | None:
     """--policies as given, refused when one is listed twice (the scenario's own rule)."""
     if policies is not None and len(set(map(str, policies))) != len(policies):
@@ -152,6 +177,12 @@ def summary(s: Scenario) -> str:
         f"{s.name!r}",
         traffic(s),
         f"{s.replicas} pods ({pools})",
+        *([f"bulk {s.bulk.share:.0%} of requests"] if s.bulk else []),
+        *(
+            [f"split: {', '.join(map(str, s.split.interactive_pods))} pods interactive"]
+            if s.split
+            else []
+        ),
         f"autoscaler {s.autoscaler.min}-{s.autoscaler.max}" if s.autoscaler else "no autoscaler",
         f"events: {kinds(s)}" if s.events else "no events",
         f"policies {', '.join(map(str, s.policies))}",
@@ -186,7 +217,12 @@ def traffic(s: Scenario) -> str:
     )
 
 
-COMMANDS = {"run": run_command, "schema": schema_command, "check": check_command}
+COMMANDS = {
+    "run": run_command,
+    "split": split_command,
+    "schema": schema_command,
+    "check": check_command,
+}
 
 
 if __name__ == "__main__":

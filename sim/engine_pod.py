@@ -66,11 +66,13 @@ class Request:
     prompt_tokens: int
     output_tokens: int
     acceptance: float
+    workload: str = "interactive"
+    slo: tuple[float, float] | None = None  # its class's (TTFT, TPOT) seconds; None: the engine's
     first_token_at: float | None = None
     last_token_at: float | None = None
     done_at: float | None = None
     outcome: str | None = None
-    slo_met: bool = False
+    slo_met: bool = False  # against its class's SLO
 
 
 @dataclass
@@ -354,11 +356,12 @@ class SimEngine:
         r.done_at, r.outcome = at, "ok"
         assert r.first_token_at is not None
         timing = RequestTiming(r.first_token_at - r.arrival, at - r.arrival, tracked.seq.num_output)
-        r.slo_met = timing.meets(self.config.ttft_s, self.config.tpot_s)
+        met = timing.meets(self.config.ttft_s, self.config.tpot_s)
+        r.slo_met = timing.meets(*r.slo) if r.slo is not None else met
         self.series.inc(c.REQUESTS, outcome="ok")
         self.series.inc(c.PROMPT_TOKENS, tracked.seq.prompt_len)
         self.series.observe(c.E2E_REQUEST_LATENCY, timing.e2e, c.LATENCY_BUCKETS)
-        if r.slo_met:
+        if met:
             self.series.inc(c.REQUESTS_SLO_MET)
 
     def _observe_step(

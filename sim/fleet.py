@@ -27,7 +27,14 @@ from spectune.operator.tuning import Turn
 from spectune.sim.arrivals import Arrival
 from spectune.sim.engine_pod import PodConfig, Request, SimEngine
 from spectune.sim.operator_loop import SimOperator
-from spectune.sim.results import Calibration, OperatorEvent, Run, ThresholdPoint, Window
+from spectune.sim.results import (
+    Calibration,
+    OperatorEvent,
+    Run,
+    ThresholdPoint,
+    Window,
+    Workload,
+)
 from spectune.sim.scenario import (
     Migrate,
     OperatorRestart,
@@ -129,6 +136,8 @@ class FleetSim:
         self._last = Tally()  # the totals at the last window's end
         self._triggers: list[str] = []  # each calibration's trigger, in order
         self.windows: list[Window] = []
+        bulk = sc.bulk.slo if sc.bulk else None
+        self._slo = {"bulk": (bulk.ttft_ms / 1e3, bulk.tpot_ms / 1e3)} if bulk else {}
 
     # --- the event loop -----------------------------------------------------------
 
@@ -167,7 +176,10 @@ class FleetSim:
 
     def _arrive(self, index: int) -> None:
         a = self.arrivals[index]
-        request = Request(index, self.now, a.prompt_tokens, a.output_tokens, a.acceptance)
+        request = Request(
+            index, self.now, a.prompt_tokens, a.output_tokens, a.acceptance, a.workload,
+            self._slo.get(a.workload),
+        )  # fmt: skip
         self.requests.append(request)
         serving = [p for p in self.pods if p.serving]
         if not serving:  # a Service without endpoints: the connection is refused
@@ -420,6 +432,7 @@ class FleetSim:
                 pods=t.pods / t.samples if t.samples else 0.0,
                 explored_share=explored / decode if decode else 0.0,
                 thresholds=thresholds,
+                slo_met_by_workload=self._by_workload(done, lambda rs: sum(r.slo_met for r in rs)),
             )
         )
         self._tally = Tally()
@@ -452,6 +465,28 @@ class FleetSim:
             calibrations=calibrations(self.events, self._triggers),
             prometheus_queries=self.scrapes.queries,
             wall_seconds=wall_seconds,
+            workloads=self._by_workload(self.requests, self._workload),
+        )
+
+    def _by_workload(
+        self, requests: list[Request], summary: Callable[[list[Request]], Any]
+    ) -> dict[str, Any]:
+        """`summary` of each class's requests, with a bulk class; else nothing."""
+        if self.scenario.bulk is None:
+            return {}
+        return {
+            name: summary([r for r in requests if r.workload == name])
+            for name in ("interactive", "bulk")
+        }
+
+    def _workload(self, requests: list[Request]) -> Workload:
+        slo_met = sum(r.slo_met for r in requests)
+        return Workload(
+            requests=len(requests),
+            finished=sum(r.outcome == "ok" for r in requests),
+            slo_met=slo_met,
+            goodput=slo_met / self.duration,
+            tpot_p50_ms=tpot_median_ms(requests),
         )
 
 

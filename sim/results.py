@@ -30,6 +30,8 @@ class Window(Out):
     pods: float  # ready pods, time-averaged
     explored_share: float  # decode iterations run in the mode the gate did not pick
     thresholds: dict[str, int | None]  # SKU -> threshold at the window's end (None: always)
+    # with a bulk class: per class, requests finished in the window within their class's SLO
+    slo_met_by_workload: dict[str, int] = Field(default_factory=dict)
 
 
 class ThresholdPoint(Out):
@@ -61,6 +63,16 @@ class Calibration(Out):
     )
 
 
+class Workload(Out):
+    """One class of requests over a run, each judged against its class's SLO."""
+
+    requests: int
+    finished: int
+    slo_met: int
+    goodput: float  # SLO-met requests per second over the run
+    tpot_p50_ms: float
+
+
 class Run(Out):
     policy: str  # auto | never | always | a fixed threshold
     seed: int
@@ -79,6 +91,7 @@ class Run(Out):
     calibrations: list[Calibration] = Field(default_factory=list)
     prometheus_queries: int = 0
     wall_seconds: float  # real time this run took to simulate
+    workloads: dict[str, Workload] = Field(default_factory=dict)  # with a bulk class: per class
 
 
 class SimResult(Out):

@@ -53,6 +53,33 @@ class Acceptance(Model):
     spread: float = Field(0.1, ge=0, le=0.5)
 
 
+class Slo(Model):
+    ttft_ms: float = Field(gt=0)
+    tpot_ms: float = Field(gt=0)
+
+
+class Bulk(Model):
+    """A second class of requests beside the traffic's (the interactive class): bulk work with
+    long outputs on a loose SLO, Poisson arrivals making up `share` of all requests. The
+    engines count SLO-met against the SpecDeployment's SLO (the one they know, what the
+    operator reads); the report counts each class against its own. Timed shifts apply to the
+    interactive class only."""
+
+    share: float = Field(gt=0, lt=1)
+    prompt_tokens: int = Field(ge=1)
+    output_tokens: int = Field(ge=1)
+    slo: Slo
+    acceptance: Acceptance | None = None  # default: the scenario's
+
+
+class Split(Model):
+    """The seed's second remedy beside one pool: the same pods as two, routed by class. For
+    each count in `interactive_pods`, that many speculate (`auto`) on the interactive requests
+    and the rest of the fleet serves the bulk ones plain (`never`)."""
+
+    interactive_pods: list[int] = Field(min_length=1)
+
+
 class Pool(Model):
     sku: str
     replicas: int = Field(ge=0, le=1000)
@@ -173,6 +200,8 @@ class Scenario(Model):
     spec: SpecDeploymentSpec  # the SpecDeployment the operator tunes (replicas: the pools')
     operator: Operator = Field(default_factory=Operator)
     autoscaler: Autoscaler | None = None
+    bulk: Bulk | None = None
+    split: Split | None = None  # `spectune-sim split`: one pool against split fleets
     events: list[TimedEvent] = Field(default_factory=list)
     policies: list[Policy] = Field(default_factory=lambda: ["auto", "never", "always"])
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
@@ -220,6 +249,26 @@ class Scenario(Model):
         one would show an autotuner that never measures."""
         if too_short := window_too_short(self.spec, self.operator.scrape_interval_s):
             raise ValueError(f"spec.{too_short} (operator.scrape_interval_s)")
+        return self
+
+    @model_validator(mode="after")
+    def split_of_one_pool(self) -> Scenario:
+        """A split is compared at equal GPU count: one fixed pool, cut in two."""
+        if self.split is None:
+            return self
+        if self.bulk is None:
+            raise ValueError("split: needs a bulk class to route to the plain pool")
+        fixed = not any(isinstance(e, Scale | Migrate) for e in self.events)
+        if len(self.fleet.pools) != 1 or self.autoscaler is not None or not fixed:
+            raise ValueError(
+                "split: compares one fixed pool (no autoscaler, scale or migrate) with split fleets"
+            )
+        pods = self.fleet.pools[0].replicas
+        for n in self.split.interactive_pods:
+            if not 1 <= n < pods:
+                raise ValueError(
+                    f"split.interactive_pods: {n} leaves no pod to one class of the {pods}"
+                )
         return self
 
     def kv_cache_gib(self, sku: str) -> float:
