@@ -81,6 +81,14 @@ class SimulatedDevice:
             attended += n * start + n * (n - 1) // 2
         self.modelled += self.time_scale * model.forward(self.sku, positions, cached, attended)
 
+    def charge_one_each(self, model: VirtualModel, starts: Sequence[int]) -> None:
+        """charge() for one new token per sequence after `starts` cached tokens (a plain decode
+        step, a draft's proposal step): the same seconds, without a feed per sequence."""
+        scale = self.context_scale
+        cached = sum(starts) if scale == 1.0 else sum(round(s * scale) for s in starts)
+        cached += len(starts) * self.extra_context
+        self.modelled += self.time_scale * model.forward(self.sku, len(starts), cached, cached)
+
     @contextmanager
     def iteration(self) -> Iterator[None]:
         """Around one engine iteration: hold the wall clock to the modelled time it took."""

@@ -243,7 +243,7 @@ class SimEngine:
             s.plain_unread = 0
 
     def _decode(self, seqs: list[Sequence]) -> tuple[int, float]:
-        self.device.charge(self.device.target, [Span(range(1), len(s) - 1) for s in seqs])
+        self.device.charge_one_each(self.device.target, [len(s) - 1 for s in seqs])
         for s in seqs:
             self._commit(s, 1)
             s.plain_unread += 1
@@ -284,7 +284,7 @@ class SimEngine:
                 s.plain_unread = 0
             for i in range(1, max(ks, default=0)):
                 active = [s for s, k in zip(seqs, ks, strict=True) if k > i]
-                self.device.charge(draft, [Span(range(1), s.draft_cached) for s in active])
+                self.device.charge_one_each(draft, [s.draft_cached for s in active])
                 for s in active:
                     s.draft_cached += 1
             draft_seconds = self.device.modelled - t1

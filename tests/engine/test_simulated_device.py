@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -13,6 +14,7 @@ from spectune.engine.device_time import LLAMA_1B, LLAMA_8B, SKUS, plain_step, sk
 from spectune.engine.engine import LLMEngine
 from spectune.engine.gate import GateSettings
 from spectune.engine.sequence import SamplingParams
+from spectune.engine.simulated_device import SimulatedDevice
 
 from .prompts import PROMPTS
 
@@ -121,3 +123,24 @@ def test_unknown_skus_and_bad_scales_are_refused() -> None:
         EngineConfig(model="m", simulate_time_scale=0)
     with pytest.raises(InvalidConfig, match="simulate_context_scale must be > 0"):
         EngineConfig(model="m", simulate_context_scale=0)
+
+
+@pytest.mark.parametrize(("scale", "extra"), [(1.0, 0), (8.0, 0), (2.5, 300)])
+def test_one_token_each_costs_what_one_feed_each_costs(scale: float, extra: int) -> None:
+    """The fleet simulator's shortcut for plain and proposal steps charges exactly what a feed
+    per sequence charges, under a context scale and an extra context too."""
+    starts = [0, 1, 17, 333, 4096]
+
+    @dataclass
+    class Feed:
+        tokens: list[int]
+        start: int
+
+    by_feed, by_start = (
+        SimulatedDevice(SKUS["L4"], hold=False, extra_context=extra, context_scale=scale)
+        for _ in range(2)
+    )
+    for model in (LLAMA_8B, LLAMA_1B):
+        by_feed.charge(model, [Feed([0], s) for s in starts])
+        by_start.charge_one_each(model, starts)
+        assert by_start.modelled == by_feed.modelled > 0
