@@ -91,6 +91,19 @@ def test_a_load_fall_re_measures_nothing_and_the_crossover_measured_busy_stands(
     assert len(changes(r)) == 1  # the busy measurement's threshold only
 
 
+def test_a_load_rise_past_a_measured_crossover_re_measures_nothing() -> None:
+    """The mirror: a crossing measured near 64, then the load rises 1.4x and each pod's batch
+    runs past it, where speculation does not pay by the measurement. Before the load signal
+    stopped re-measuring alone, this run started a Traffic calibration at 430 s ("request rate
+    per engine moved by at least +32%") that explored 50% for 50 s and kept 65."""
+    r = run(traffic=TRAFFIC | {"rate": 24}, events=[{"kind": "load", "at_s": 200, "scale": 1.4}])
+    assert [c.trigger for c in r.calibrations] == ["Initial"]
+    crossover = next(p.crossover for p in r.thresholds if p.crossover is not None)
+    risen = [w for w in r.windows if w.start_s >= 240]
+    assert risen and all(w.mean_running > crossover for w in risen)
+    assert all(w.explored_share < 0.05 for w in risen)
+
+
 @pytest.mark.slow  # about 21 s: 15 minutes of load waves, an HPA moving 2-6 pods
 def test_an_hpa_that_keeps_each_pods_load_starts_no_replica_calibration() -> None:
     """Load waves (x1.8, x0.6, x1.5) and an HPA on running requests moving 2-6 pods: each pod's
