@@ -37,6 +37,7 @@ from spectune.operator.models import (
 )
 from spectune.operator.observations import FleetWindow, ServedByBucket, Traffic, served
 from spectune.operator.triggers import (
+    Outcome,
     Reason,
     SpecKey,
     below_floor,
@@ -276,7 +277,9 @@ def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) 
         or skus_changed(frozenset(base.skus), obs.window.skus)
         or replicas_changed(base.replicas, obs.replicas, base.covered, steps)
         or (
-            traffic_shifted(baseline_traffic, recent, spec.tuning.trafficChangePercent)
+            traffic_shifted(
+                baseline_traffic, recent, spec.tuning.trafficChangePercent, outcomes=base.outcomes
+            )
             if baseline_traffic is not None
             else None
         )
@@ -465,6 +468,14 @@ def _covered(before: Baseline | None, estimates: Mapping[str, Estimate]) -> dict
     return kept | measured
 
 
+def _outcomes(before: Baseline | None, estimates: Mapping[str, Estimate]) -> dict[str, Outcome]:
+    """SKU -> what this calibration found for the SKUs it measured (each estimate known), the
+    last one's for the others (their thresholds stand too)."""
+    kept: dict[str, Outcome] = dict(before.outcomes) if before is not None else {}
+    found = {s: e.crossover.status for s, e in estimates.items()}
+    return kept | {s: status for s, status in found.items() if status != "unknown"}
+
+
 def _floor(estimate: Estimate, runs: int | None) -> int | None:
     """Below which batch a SKU speculates unmeasured after a calibration that measured
     speculation paying at no batch: its smallest measured batch, or the threshold the SKU keeps
@@ -597,6 +608,7 @@ def _decide(
             if (floor := _floor(e, runs[sku])) is not None and floor > t.min
         },
         covered=_covered(cal.baseline, estimates),
+        outcomes=_outcomes(cal.baseline, estimates),
     )
     update: dict[str, object] = {"baseline": baseline}
     if changed:

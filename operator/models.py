@@ -434,6 +434,13 @@ class Baseline(BaseModel):
         description="SKU -> [smallest, largest] batch bucket measured in both modes: a replica "
         "change re-measures only once the load runs outside it",
     )
+    outcomes: dict[str, Literal["crosses", "always_pays", "never_pays"]] = Field(
+        default_factory=dict,
+        description="SKU -> what the measurement found: a crossing, or speculation paying at "
+        "every batch measured or at none. A traffic shift that moves speedup the way a one-sided "
+        "finding already points (down where it paid at none, up where it paid at every batch) "
+        "leaves it true and re-measures nothing",
+    )
 
 
 class SpeculationKey(BaseModel):

@@ -33,20 +33,26 @@ class Reason:
     message: str
 
 
-# The traffic signals a shift is judged on: the crossover moves with each of them.
-TRAFFIC_SIGNALS = {
-    "request rate per engine": "request_rate_per_engine",
-    "prompt tokens per request": "prompt_tokens_per_request",
-    "output tokens per request": "tokens_per_request",
-    "acceptance rate": "acceptance",
+# The traffic signals a shift is judged on, and which way each moves speculation's speedup at
+# every batch as it rises: +1 up, 0 either way, None not at all.
+# - The request rate per engine moves only the batches each pod runs: it re-measures nothing
+#   alone (named beside a signal that does). Where the load's batches go is past_bound's and
+#   below_floor's to judge, and a measured crossing holds at every batch: speedup falls as the
+#   batch grows. Re-measured, a fleet at batch 128 on a curve measured not paying from 12 up
+#   explored 50% for nothing (its window at 0.824x `never`'s goodput; spectune-sim, an HPA hour).
+# - Longer prompts add KV reads (which favour speculation) and draft prefill (which does not).
+# - Longer outputs spread the draft's prefill over more tokens and lengthen contexts; a higher
+#   acceptance rate commits more tokens per verify: both favour speculation.
+TRAFFIC_SIGNALS: dict[str, tuple[str, int | None]] = {
+    "request rate per engine": ("request_rate_per_engine", None),
+    "prompt tokens per request": ("prompt_tokens_per_request", 0),
+    "output tokens per request": ("tokens_per_request", 1),
+    "acceptance rate": ("acceptance", 1),
 }
-# The signal that moves only the batches each pod runs, not the speedup curve: it re-measures
-# nothing alone, and is named beside a signal that does. The batches the load moves to are
-# past_bound's and below_floor's to judge (where the last measurement was one-sided), and a
-# measured crossing holds at every batch: speedup falls as the batch grows. Re-measured, a
-# fleet at batch 128 on a curve measured not paying from 12 up explored 50% for nothing (its
-# window at 0.824x `never`'s goodput; spectune-sim, an HPA hour).
-LOAD_SIGNALS = frozenset({"request_rate_per_engine"})
+# What a calibration found on a SKU (engine/crossover.py's statuses, less unknown).
+Outcome = Literal["crosses", "always_pays", "never_pays"]
+# A shift that moves speedup this way leaves a measurement that found this everywhere true.
+STILL_TRUE: dict[int, Outcome] = {1: "always_pays", -1: "never_pays"}
 
 
 def replicas_changed(
@@ -130,18 +136,25 @@ def too_old(measured_at: datetime, now: datetime, max_age: timedelta) -> Reason 
 
 
 def traffic_shifted(
-    baseline: Traffic, recent: Sequence[Traffic], percent: float, windows: int = 3
+    baseline: Traffic,
+    recent: Sequence[Traffic],
+    percent: float,
+    windows: int = 3,
+    outcomes: Mapping[str, Outcome] | None = None,
 ) -> Reason | None:
     """Signals that moved more than `percent` from the baseline, in the same direction, in
-    each of the last `windows` windows, when one of them moves the curve (not only
-    LOAD_SIGNALS); the message names every one (longer prompts also slow the request rate:
-    which moved tells what changed). One noisy window, or noise within the percent, never
-    fires; a window where the signal is unknown breaks the run."""
+    each of the last `windows` windows, when one moves the curve in a way the last
+    measurement (`outcomes`, per SKU) does not already answer: speedup pushed up where
+    speculation paid at every batch measured on every SKU, or down where it paid at none,
+    leaves it true. The message names every signal that moved (longer prompts also slow the
+    request rate: which moved tells what changed). One noisy window, or noise within the
+    percent, never fires; a window where the signal is unknown breaks the run."""
     if len(recent) < windows:
         return None
     last = recent[-windows:]
-    moved: dict[str, str] = {}
-    for label, attr in TRAFFIC_SIGNALS.items():
+    moved: list[str] = []
+    pushes: set[int] = set()  # which way the moved signals push speedup
+    for label, (attr, rising) in TRAFFIC_SIGNALS.items():
         base = getattr(baseline, attr)
         if base is None or base <= 0:
             continue
@@ -151,16 +164,19 @@ def traffic_shifted(
         changes = [(v - base) / base * 100 for v in values]
         if all(c > percent for c in changes) or all(c < -percent for c in changes):
             median = sorted(values)[len(values) // 2]
-            moved[attr] = (
+            moved.append(
                 f"{label} moved by at least {min(changes, key=abs):+.0f}% "
                 f"({base:.3g} -> {median:.3g})"
             )
-    if moved.keys() <= LOAD_SIGNALS:
+            if rising is not None:
+                pushes.add(rising if changes[0] > 0 else -rising)
+    found = set((outcomes or {}).values())
+    answered = len(pushes) == 1 and found == {STILL_TRUE.get(next(iter(pushes)))}
+    if not pushes or answered:
         return None
     return Reason(
         "Traffic",
-        f"{'; '.join(moved.values())} over {windows} windows, beyond the {percent:g}% "
-        "trafficChangePercent",
+        f"{'; '.join(moved)} over {windows} windows, beyond the {percent:g}% trafficChangePercent",
     )
 
 

@@ -603,6 +603,26 @@ def test_traffic_from_before_the_measurement_does_not_count_as_a_shift() -> None
     assert shifted.state.calibration.trigger == "Traffic"
 
 
+def test_poorer_drafting_where_speculation_paid_at_no_batch_re_measures_nothing() -> None:
+    """A busy fleet measured speculation paying at no batch from 32 up; acceptance then halves
+    (speculation pays even less): the finding holds and nothing explores. Acceptance rising by
+    half may make it pay: that re-measures."""
+    s = spec(value=None)
+    large = window({H100: curve(10, buckets=(32, 48))})
+    state = calibrate(s, fresh(s), 0, {H100: curve(10, buckets=(32, 48))})
+    state = step(s, state, observe(2 * WINDOW, large)).state
+    assert state.calibration.phase == "Idle" and state.calibration.baseline is not None
+    assert state.calibration.baseline.outcomes == {H100: "never_pays"}
+    poorer = observe(4 * WINDOW, large, recent=windows(*(POORER,) * 3, end=4 * WINDOW))
+    assert step(s, state, poorer).state == state
+    better = dataclasses.replace(traffic(), accepted_tokens=900.0)  # 0.6 -> 0.9
+    started = step(
+        s, state, observe(4 * WINDOW, large, recent=windows(*(better,) * 3, end=4 * WINDOW))
+    )
+    assert started.state.calibration.trigger == "Traffic"
+    assert "acceptance rate moved by at least +50%" in started.events[0].message
+
+
 def test_damping_holds_a_move_within_the_dwell_time_or_the_dead_band() -> None:
     s = spec()
     state = measured(s)  # changed to 12 at T0 + 30 s; the replica change re-triggers below

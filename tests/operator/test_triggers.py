@@ -12,6 +12,7 @@ from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.models import parse_spec
 from spectune.operator.observations import Traffic
 from spectune.operator.triggers import (
+    Outcome,
     SpecKey,
     replicas_changed,
     skus_changed,
@@ -165,6 +166,34 @@ def test_a_load_shift_alone_re_measures_nothing(load: dict[str, float]) -> None:
     reason = traffic_shifted(base, [longer] * 3, percent=30)
     assert reason is not None and reason.message.startswith("request rate per engine moved")
     assert "; prompt tokens per request moved by at least +700%" in reason.message
+
+
+@pytest.mark.parametrize(
+    ("shifted", "outcomes", "fires"),
+    [
+        ({"acceptance": 0.3}, {H100: "never_pays"}, False),  # speedup down: still pays at none
+        ({"acceptance": 0.3}, {H100: "crosses"}, True),  # the crossing moves
+        ({"acceptance": 0.3}, {H100: "always_pays"}, True),
+        ({"acceptance": 0.3}, {H100: "never_pays", A100: "crosses"}, True),
+        ({"acceptance": 0.3}, {}, True),  # nothing recorded: re-measure
+        ({"acceptance": 0.9}, {H100: "always_pays"}, False),  # speedup up: still pays at every
+        ({"acceptance": 0.9}, {H100: "never_pays"}, True),
+        ({"tokens": 60}, {H100: "never_pays"}, False),  # shorter outputs: more prefill a token
+        ({"tokens": 160}, {H100: "never_pays"}, True),
+        ({"tokens": 160}, {H100: "always_pays", A100: "always_pays"}, False),
+        ({"prompt": 512}, {H100: "never_pays"}, True),  # longer prompts: either way
+        ({"acceptance": 0.9, "tokens": 60}, {H100: "never_pays"}, True),  # pushes disagree
+        ({"acceptance": 0.3, "rate": 20}, {H100: "never_pays"}, False),  # the busy fleet's case
+    ],
+)
+def test_a_shift_a_one_sided_measurement_already_answers_re_measures_nothing(
+    shifted: dict[str, float], outcomes: dict[str, Outcome], fires: bool
+) -> None:
+    """Speedup pushed down where speculation paid at no batch measured (or up where it paid at
+    every one) leaves the finding true: the shift is not re-measured. A crossing moves, and a
+    signal that can push either way (prompt length) or pushes that disagree re-measure."""
+    reason = traffic_shifted(traffic(), [traffic(**shifted)] * 3, percent=30, outcomes=outcomes)
+    assert (reason is not None) is fires, reason
 
 
 def test_a_load_rise_that_replicas_absorb_is_not_named() -> None:
