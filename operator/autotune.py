@@ -30,6 +30,7 @@ from spectune.operator.models import (
     BucketSums,
     CalibrationStatus,
     CrossoverStatus,
+    Outcome,
     SkuThreshold,
     SpecDeploymentSpec,
     SpeculationKey,
@@ -37,7 +38,6 @@ from spectune.operator.models import (
 )
 from spectune.operator.observations import FleetWindow, ServedByBucket, Traffic, served
 from spectune.operator.triggers import (
-    Outcome,
     Reason,
     SpecKey,
     below_floor,

@@ -407,6 +407,10 @@ class BucketSums(BaseModel):
     seconds: float
 
 
+# What a calibration found on a SKU (engine/crossover.py's statuses, less unknown).
+Outcome = Literal["crosses", "always_pays", "never_pays"]
+
+
 class Baseline(BaseModel):
     """The fleet when the crossover was last measured: what the triggers compare with."""
 
@@ -434,7 +438,7 @@ class Baseline(BaseModel):
         description="SKU -> [smallest, largest] batch bucket measured in both modes: a replica "
         "change re-measures only once the load runs outside it",
     )
-    outcomes: dict[str, Literal["crosses", "always_pays", "never_pays"]] = Field(
+    outcomes: dict[str, Outcome] = Field(
         default_factory=dict,
         description="SKU -> what the measurement found: a crossing, or speculation paying at "
         "every batch measured or at none. A traffic shift that moves speedup the way a one-sided "

@@ -18,7 +18,7 @@ from typing import Literal
 from spectune.engine.crossover import StatsByBucket
 from spectune.operator.damping import duration_text
 from spectune.operator.estimator import MIN_STEPS
-from spectune.operator.models import SpecDeploymentSpec
+from spectune.operator.models import Outcome, SpecDeploymentSpec
 from spectune.operator.observations import Traffic
 
 # Initial: nothing measured yet (a new SpecDeployment, or Manual switched to Auto).
@@ -49,8 +49,6 @@ TRAFFIC_SIGNALS: dict[str, tuple[str, int | None]] = {
     "output tokens per request": ("tokens_per_request", 1),
     "acceptance rate": ("acceptance", 1),
 }
-# What a calibration found on a SKU (engine/crossover.py's statuses, less unknown).
-Outcome = Literal["crosses", "always_pays", "never_pays"]
 # A shift that moves speedup this way leaves a measurement that found this everywhere true.
 STILL_TRUE: dict[int, Outcome] = {1: "always_pays", -1: "never_pays"}
 

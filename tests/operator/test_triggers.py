@@ -9,10 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from spectune.engine.crossover import ModeStats, StatsByBucket
-from spectune.operator.models import parse_spec
+from spectune.operator.models import Outcome, parse_spec
 from spectune.operator.observations import Traffic
 from spectune.operator.triggers import (
-    Outcome,
     SpecKey,
     replicas_changed,
     skus_changed,
