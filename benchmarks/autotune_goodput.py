@@ -177,17 +177,7 @@ class Setup:
     """A namespace, a SpecDeployment and an operator watching it; all removed on exit."""
 
     def __init__(
-        self,
-        env: dict[str, str],
-        log: Path,
-        time_scale: float,
-        damped: bool,
-        target: Slo,
-        real_cpu: bool = False,
-        window_s: int | None = None,
-        context_scale: float = 1.0,
-        draft: str | None = None,
-        k: int = 16,
+        self, env: dict[str, str], log: Path, body: dict[str, Any], prefix: str = "autotune-goodput"
     ) -> None:
         kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig",
                    env["SPECTUNE_KUBECONFIG"]]  # fmt: skip
@@ -196,8 +186,8 @@ class Setup:
                        check=True, capture_output=True)  # fmt: skip
         config.load_kube_config(env["SPECTUNE_KUBECONFIG"])
         self.core, self.custom = client.CoreV1Api(), client.CustomObjectsApi()
-        self.namespace = f"autotune-goodput-{uuid.uuid4().hex[:6]}"
-        self.name = "bench"
+        self.namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.name = body["metadata"]["name"]
         self.core.create_namespace({"metadata": {"name": self.namespace}})
         self.operator = launch(
             env["SPECTUNE_KUBECONFIG"],
@@ -206,23 +196,7 @@ class Setup:
              "--liveness", "http://127.0.0.1:8299/healthz"],
             log,
         )  # fmt: skip
-        self.custom.create_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            specdeployment(
-                self.name,
-                time_scale,
-                damped,
-                target,
-                real_cpu,
-                window_s,
-                context_scale,
-                draft,
-                k,
-            ),
-        )
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
 
     def exists(self) -> bool:
         try:
@@ -660,9 +634,8 @@ def main() -> None:
     if args.hover_max_age is not None and args.hover_max_age < 60:
         parser.error("--hover-max-age: tuning.maxAgeSeconds is at least 60")
     args.out.mkdir(parents=True, exist_ok=True)
-    setup = Setup(
-        cluster_env(),
-        args.out / "operator.log",
+    body = specdeployment(
+        "bench",
         args.time_scale,
         bool(args.hover_minutes),
         CPU_SLO if args.real_cpu else slo(args.time_scale),
@@ -672,6 +645,7 @@ def main() -> None:
         args.draft,
         args.k,
     )
+    setup = Setup(cluster_env(), args.out / "operator.log", body)
     try:
         asyncio.run(main_async(args, setup))
     finally:

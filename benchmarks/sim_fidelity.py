@@ -34,7 +34,9 @@ import argparse
 import heapq
 import random
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from spectune.engine import contract as c
 from spectune.engine.config import EngineConfig
@@ -90,7 +92,7 @@ class Run:
     draft_prefill_seconds: float = 0.0
     catchup_seconds: float = 0.0
     total_seconds: float = 0.0
-    preemptions: int = 0
+    preemptions: int | None = 0  # None: not known (a served engine's /metrics has none)
     # per job: (drafted, accepted) in spec iterations
     per_request: list[tuple[int, int]] = field(default_factory=list)
     # What SimEngine's acceptance RNG must draw to accept exactly what this run accepted, in
@@ -289,11 +291,22 @@ class Replay:
         return next(self._draws)
 
 
+class Configured(Protocol):
+    """What run_sim reads of the engine it stands in for: an LLMEngine, or what a served
+    engine was started with (benchmarks/sim_fidelity_cluster.py)."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+
 def run_sim(
     jobs: list[Job],
     rates: list[float],
     gate: GateSettings,
-    engine: LLMEngine,
+    engine: Configured,
     replay: list[float] | None = None,
     clients: int | None = None,
 ) -> Run:
@@ -420,9 +433,16 @@ def table(title: str, real: Run, sim: Run) -> list[str]:
         lines.append(
             f"- {name}: acceptance {run.acceptance:.3f} ({run.accepted}/{run.drafted}), "
             f"modelled {run.total_seconds:.3f} s, draft prefill {run.draft_prefill_seconds:.3f} "
-            f"s, catch-up {run.catchup_seconds:.3f} s, preemptions {run.preemptions}"
+            f"s, catch-up {run.catchup_seconds:.3f} s, preemptions "
+            f"{'unknown' if run.preemptions is None else run.preemptions}"
         )
     return lines
+
+
+def shares(counts: Mapping[int, int]) -> dict[int, float]:
+    """Each batch bucket's share of the decode steps, from the steps per bucket."""
+    total = sum(counts.values())
+    return {bucket: n / total for bucket, n in sorted(counts.items()) if n}
 
 
 def batch_shares(run: Run) -> dict[int, float]:
@@ -430,7 +450,35 @@ def batch_shares(run: Run) -> dict[int, float]:
     counts: dict[int, int] = defaultdict(int)
     for b in run.steady_batches:
         counts[c.batch_bucket(b)] += 1
-    return {bucket: n / len(run.steady_batches) for bucket, n in sorted(counts.items())}
+    return shares(counts)
+
+
+@dataclass(frozen=True)
+class Steady:
+    """One side of a closed-loop run while its clients kept sending: each batch bucket's
+    share of the decode steps, the mean running batch, the requests that finished in time
+    meeting the SLO, how long the clients sent (modelled seconds) and the run's acceptance."""
+
+    shares: dict[int, float]
+    batch: float
+    met: int
+    seconds: float
+    acceptance: float
+
+    @property
+    def goodput(self) -> float:
+        return self.met / self.seconds
+
+
+def steady(run: Run, ttft_s: float, tpot_s: float) -> Steady:
+    batches = run.steady_batches
+    return Steady(
+        batch_shares(run),
+        sum(batches) / len(batches),
+        run.met(ttft_s, tpot_s),
+        run.last_sent,
+        run.acceptance,
+    )
 
 
 @dataclass(frozen=True)
@@ -454,19 +502,26 @@ class ClosedLoop:
         return sum(abs(real.get(b, 0) - sim.get(b, 0)) for b in self.buckets) / 2
 
 
-def closed_loop(real: Run, sim: Run, ttft_s: float, tpot_s: float) -> ClosedLoop:
-    mean = [sum(r.steady_batches) / len(r.steady_batches) for r in (real, sim)]
-    met = [r.met(ttft_s, tpot_s) for r in (real, sim)]
+def compared(real: Steady, sim: Steady) -> ClosedLoop:
     return ClosedLoop(
-        shares=(batch_shares(real), batch_shares(sim)),
-        batch=(mean[0], mean[1]),
-        goodput=(met[0] / real.last_sent, met[1] / sim.last_sent),
-        met=(met[0], met[1]),
+        shares=(real.shares, sim.shares),
+        batch=(real.batch, sim.batch),
+        goodput=(real.goodput, sim.goodput),
+        met=(real.met, sim.met),
     )
 
 
+def closed_loop(real: Run, sim: Run, ttft_s: float, tpot_s: float) -> ClosedLoop:
+    return compared(steady(real, ttft_s, tpot_s), steady(sim, ttft_s, tpot_s))
+
+
 def closed_loop_lines(title: str, real: Run, sim: Run, ttft_s: float, tpot_s: float) -> list[str]:
-    found = closed_loop(real, sim, ttft_s, tpot_s)
+    sides = steady(real, ttft_s, tpot_s), steady(sim, ttft_s, tpot_s)
+    return steady_lines(title, *sides, ttft_s, tpot_s)
+
+
+def steady_lines(title: str, real: Steady, sim: Steady, ttft_s: float, tpot_s: float) -> list[str]:
+    found = compared(real, sim)
     lines = [
         f"## {title}",
         "",
@@ -480,8 +535,8 @@ def closed_loop_lines(title: str, real: Run, sim: Run, ttft_s: float, tpot_s: fl
     return [
         *lines,
         "",
-        f"- while the clients kept sending (real {real.last_sent:.3f} s, sim "
-        f"{sim.last_sent:.3f} s of modelled time):",
+        f"- while the clients kept sending (real {real.seconds:.3f} s, sim "
+        f"{sim.seconds:.3f} s of modelled time):",
         f"- mean running batch: real {rb:.2f}, sim {sb:.2f} (x{sb / rb:.4f}); distributions "
         f"{found.distance:.3f} apart (total variation)",
         f"- goodput (TTFT {ttft_s * 1e3:.0f} ms, TPOT {tpot_s * 1e3:.0f} ms): real {rg:.2f} "

@@ -39,7 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune_goodput import REPO, Setup, cluster_env, numbers, read_overruns, wait
+from autotune_goodput import (
+    REPO,
+    Setup,
+    cluster_env,
+    numbers,
+    read_overruns,
+    specdeployment,
+    wait,
+)
 
 from spectune.engine.bench.loadgen import Bounds
 from spectune.engine.bench.report import markdown_table, plot_trace
@@ -240,14 +248,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / ".cache" / "trace-goodput")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    setup = Setup(
-        cluster_env(),
-        args.out / "operator.log",
-        args.time_scale,
-        True,
-        slo(args),
-        window_s=args.calibration_window_s,
+    body = specdeployment(
+        "bench", args.time_scale, True, slo(args), window_s=args.calibration_window_s
     )
+    setup = Setup(cluster_env(), args.out / "operator.log", body)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` cleans up
     try:
         asyncio.run(main_async(args, setup))
