@@ -12,6 +12,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from spectune.engine.bench.workload import BenchError
@@ -106,19 +107,13 @@ def run_command(args: argparse.Namespace) -> int:
     path."""
     scenario = load_scenario(args.scenario)
     policies = check_policies(args.policies)
-    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
-        raise UsageError("run: --seeds lists a seed twice")
+    check_seeds("run", args.seeds)
     from spectune.sim.report import write_report
     from spectune.sim.run import simulate
 
     out = args.out or Path(".cache") / "sim" / folder_name(scenario.name)
     result = simulate(scenario, progress=progress, policies=policies, seeds=args.seeds)
-    try:
-        report = write_report(result, out)
-    except OSError as err:
-        raise UsageError(f"cannot write the report to {out}: {err.strerror or err}") from None
-    print(report)
-    return 0
+    return written(lambda: write_report(result, out), out)
 
 
 def split_command(args: argparse.Namespace) -> int:
@@ -126,18 +121,29 @@ def split_command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     if scenario.split is None:
         raise UsageError(f"split: {args.scenario} has no split: section (and a bulk: class)")
-    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
-        raise UsageError("split: --seeds lists a seed twice")
+    check_seeds("split", args.seeds)
     from spectune.sim.split import compare, write
 
     out = args.out or Path(".cache") / "sim" / f"{folder_name(scenario.name)}-split"
     result = compare(scenario, seeds=args.seeds, progress=progress)
+    return written(lambda: write(result, out), out)
+
+
+def written(write: Callable[[], Path], out: Path) -> int:
+    """Write a report under `out` and print its path; a folder that cannot be written is
+    one line."""
     try:
-        report = write(result, out)
+        report = write()
     except OSError as err:
         raise UsageError(f"cannot write the report to {out}: {err.strerror or err}") from None
     print(report)
     return 0
+
+
+def check_seeds(command: str, seeds: list[int] | None) -> None:
+    """--seeds as given, refused when one is listed twice (the scenario's own rule)."""
+    if seeds is not None and len(set(seeds)) != len(seeds):
+        raise UsageError(f"{command}: --seeds lists a seed twice")
 
 
 def check_policies(policies: list[str | int] | None) -> list[str | int] | None:
