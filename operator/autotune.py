@@ -477,8 +477,7 @@ def _outcomes(before: Baseline | None, estimates: Mapping[str, Estimate]) -> dic
     """SKU -> what this calibration found for the SKUs it measured (each estimate known), the
     last one's for the others (their thresholds stand too)."""
     kept: dict[str, Outcome] = dict(before.outcomes) if before is not None else {}
-    found = {s: e.crossover.status for s, e in estimates.items()}
-    return kept | {s: status for s, status in found.items() if status != "unknown"}
+    return kept | {s: e.crossover.status for s, e in estimates.items()}
 
 
 def _floor(estimate: Estimate, runs: int | None) -> int | None:

@@ -57,32 +57,35 @@ def with_pods(scenario: Scenario, pods: int, suffix: str) -> Scenario:
     return scenario.model_copy(update={"fleet": fleet, "name": f"{scenario.name}-{suffix}"})
 
 
-def _windows(runs: list[tuple[Run, str]]) -> list[dict[str, float]]:
+Served = list[tuple[Run, tuple[str, ...]]]  # each run with the classes it served
+
+
+def _windows(runs: Served) -> list[dict[str, float]]:
     """Per window, each class's goodput from the run that served it."""
     count = min(len(run.windows) for run, _ in runs)
     out: list[dict[str, float]] = []
     for i in range(count):
         row = {name: 0.0 for name in WORKLOADS}
-        for run, name in runs:
+        for run, classes in runs:
             w = run.windows[i]
             for workload, met in w.slo_met_by_workload.items():
-                if name in ("both", workload):
+                if workload in classes:
                     row[workload] += met / max(w.seconds, 1e-9)
         out.append(row)
     return out
 
 
-def _served(runs: list[tuple[Run, str]], field: str) -> dict[str, float]:
+def _served(runs: Served, field: str) -> dict[str, float]:
     """Per class, `field` of its Workload in the run that served it."""
     return {
         workload: getattr(w, field)
-        for run, name in runs
+        for run, classes in runs
         for workload, w in run.workloads.items()
-        if name in ("both", workload)
+        if workload in classes
     }
 
 
-def _layout(name: str, seed: int, pods: tuple[int, int], runs: list[tuple[Run, str]]) -> Layout:
+def _layout(name: str, seed: int, pods: tuple[int, int], runs: Served) -> Layout:
     speculating = runs[0][0]
     return Layout(
         name=name,
@@ -115,7 +118,7 @@ def compare(
         for policy in scenario.policies:
             _say(progress, wall, f"seed {seed}: one pool of {pods}, {policy}")
             run = simulate_run(scenario, policy, seed, requests, seconds)
-            layouts.append(_layout(f"one pool, {policy}", seed, (pods, 0), [(run, "both")]))
+            layouts.append(_layout(f"one pool, {policy}", seed, (pods, 0), [(run, WORKLOADS)]))
         by_class: dict[str, list[Arrival]] = {
             name: [a for a in requests if a.workload == name] for name in WORKLOADS
         }
@@ -128,7 +131,7 @@ def compare(
             plain = simulate_run(
                 with_pods(scenario, pods - n, "bulk"), "never", seed, by_class["bulk"], seconds
             )
-            runs = [(fast, "interactive"), (plain, "bulk")]
+            runs: Served = [(fast, ("interactive",)), (plain, ("bulk",))]
             layouts.append(_layout(f"split {n} + {pods - n}", seed, (n, pods - n), runs))
     return SplitResult(
         scenario=scenario.name,
