@@ -17,6 +17,9 @@ draft first read everything the plain iterations committed since its last one, e
 request's prompt included: a forward that stalls the whole batch, worth paying while a
 calibration measures and nowhere else (docs/PERFORMANCE.md, "Exploration past the threshold,
 leased only": with base 2% there, auto served 0.65x the best fixed threshold on a trace).
+A lease may bound that to batches below `below`: after a traffic shift the operator explores
+near the crossover it last measured, not at batches far past it, where each explored spec
+iteration costs the most and answers nothing the shift could have changed.
 """
 
 from __future__ import annotations
@@ -33,16 +36,24 @@ log = logging.getLogger("spectune.engine")
 
 @dataclass(frozen=True)
 class Lease:
-    """ε raised to `exploration` until `until` (unix seconds); after that, inert."""
+    """ε raised to `exploration` until `until` (unix seconds); after that, inert. Past the
+    threshold it explores speculation only at batches below `below` (None: at every batch)."""
 
     exploration: float
     until: float
+    below: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.exploration <= 1:
             raise ValueError(f"lease exploration must be in [0, 1], got {self.exploration}")
         if not self.until > 0:
             raise ValueError(f"lease until must be > 0 (unix seconds), got {self.until}")
+        if self.below is not None and self.below < 1:
+            raise ValueError(f"lease below must be >= 1 or unset, got {self.below}")
+
+    def explores_past_threshold(self, batch_size: int) -> bool:
+        """Whether an iteration of this batch, where the gate is off, may be explored."""
+        return self.below is None or batch_size < self.below
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,7 @@ class SpeculationGate:
             on = self._smoothed < s.threshold - margin
         self._on = on
         share = self.exploration()
-        if not on and self._live is None:  # past the threshold only a lease explores
-            share = 0.0
+        if not on and (self._live is None or not self._live.explores_past_threshold(batch_size)):
+            share = 0.0  # past the threshold only a lease explores, and only within its range
         explored = share > 0 and self._rng.random() < share
         return Decision(speculate=on != explored, explored=explored)

@@ -69,7 +69,7 @@ def from_target(threshold: int | None, exploration: float, lease: Any) -> GateSe
     return GateSettings(
         threshold=threshold,
         exploration=exploration,
-        lease=Lease(lease["exploration"], lease["until"]) if lease else None,
+        lease=Lease(lease["exploration"], lease["until"], lease.get("below")) if lease else None,
     )
 
 

@@ -33,6 +33,12 @@ class ExplorationLease(BaseModel):
 
     exploration: float = Field(ge=0, le=1, description="share of iterations run in the other mode")
     until: float = Field(gt=0, description="unix wall-clock seconds; in the past: inert")
+    below: int | None = Field(
+        None,
+        ge=1,
+        description="past the threshold, speculation is explored only at batches below this; "
+        "null: at every batch",
+    )
 
 
 class SpeculationSettings(BaseModel):
@@ -55,7 +61,11 @@ class SpeculationSettings(BaseModel):
     )
 
     def gate(self) -> GateSettings:
-        lease = None if self.lease is None else Lease(self.lease.exploration, self.lease.until)
+        lease = (
+            None
+            if self.lease is None
+            else Lease(self.lease.exploration, self.lease.until, self.lease.below)
+        )
         return GateSettings(
             threshold=self.threshold,
             hysteresis=self.hysteresis,

@@ -92,6 +92,21 @@ def test_a_lease_explores_both_modes_at_its_share(batch: int) -> None:
     assert 0.08 < explored_share(g, batch) < 0.12
 
 
+@pytest.mark.parametrize(("batch", "explored"), [(2, True), (20, True), (31, True), (32, False)])
+def test_a_bounded_lease_explores_speculation_only_below_its_bound(
+    batch: int, explored: bool
+) -> None:
+    """Past the threshold a lease bounded at 32 speculates at its share up to batch 31 and
+    never from 32 up; below the threshold it still runs plain at its share."""
+    g = SpeculationGate(
+        GateSettings(threshold=8, exploration=0.0, lease=Lease(0.1, 2000.0, below=32)),
+        random.Random(0),
+        wall_clock=FakeWallClock(1000.0),
+    )
+    share = explored_share(g, batch)
+    assert (0.08 < share < 0.12) if explored else share == 0.0
+
+
 @pytest.mark.parametrize(
     "kw", [{"threshold": -1}, {"hysteresis": -0.5}, {"release": 0.0}, {"exploration": 1.5}]
 )
@@ -100,10 +115,13 @@ def test_invalid_settings_are_rejected(kw: dict) -> None:
         GateSettings(**kw)
 
 
-@pytest.mark.parametrize(("share", "until"), [(1.5, 100.0), (-0.1, 100.0), (0.5, 0.0)])
-def test_invalid_leases_are_rejected(share: float, until: float) -> None:
+@pytest.mark.parametrize(
+    ("share", "until", "below"), [(1.5, 100.0, None), (-0.1, 100.0, None), (0.5, 0.0, None),
+                                  (0.5, 100.0, 0)]
+)  # fmt: skip
+def test_invalid_leases_are_rejected(share: float, until: float, below: int | None) -> None:
     with pytest.raises(ValueError, match="lease"):
-        Lease(share, until)
+        Lease(share, until, below)
 
 
 class FakeWallClock:

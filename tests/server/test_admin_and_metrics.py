@@ -94,6 +94,7 @@ def test_admin_put_needs_the_token(server: Served, token: str | None) -> None:
         ({"threshold": 2.5}, "threshold"),
         ({"lease": {"exploration": 1.5, "until": 2e9}}, "lease.exploration"),
         ({"lease": {"exploration": 0.5}}, "lease.until"),
+        ({"lease": {"exploration": 0.5, "until": 2e9, "below": 0}}, "lease.below"),
         ({"lease": 0.5}, "lease"),
         ([1, 2], "dictionary"),
         (None, "body"),
@@ -147,7 +148,7 @@ def test_an_exploration_lease_reverts_by_itself(server: Served) -> None:
     admin API, in the gauge and in the log."""
     assert server.put_admin({"exploration": 0.0, "lease": None}).status_code == 200
     logged = server.log.read_text().count("exploration lease expired at")
-    lease = {"exploration": 0.5, "until": round(time.time() + 1.5, 3)}
+    lease = {"exploration": 0.5, "until": round(time.time() + 1.5, 3), "below": None}
     put = server.put_admin({"lease": lease})
     assert put.status_code == 200, put.text
     state = server.get("/admin/speculation").json()
@@ -178,7 +179,7 @@ def test_an_exploration_lease_reverts_by_itself(server: Served) -> None:
 
 
 def test_admin_put_keeps_the_lease_when_absent_and_drops_it_when_null(server: Served) -> None:
-    lease = {"exploration": 0.25, "until": time.time() + 600}
+    lease = {"exploration": 0.25, "until": time.time() + 600, "below": 32}
     assert server.put_admin({"exploration": 0.0, "lease": lease}).json()["lease"] == lease
     state = server.put_admin({"threshold": 6}).json()  # absent: unchanged
     assert (state["lease"], state["effective_exploration"]) == (lease, 0.25)
@@ -279,7 +280,7 @@ def test_config_file_carries_the_lease(server: Served) -> None:
     """The ConfigMap form: a lease in the file is applied; a file without one drops it."""
     original = server.config.read_text()
     config = yaml.safe_load(original)
-    lease = {"exploration": 0.3, "until": time.time() + 600}
+    lease = {"exploration": 0.3, "until": time.time() + 600, "below": 48}
     config["speculation"] |= {"exploration": 0.0, "lease": lease}
     server.config.write_text(yaml.safe_dump(config))
     state = wait_until(

@@ -14,7 +14,7 @@ LEASED = {
     "k": 4,
     "threshold": 32,
     "exploration": 0.02,
-    "lease": {"exploration": 0.5, "until": 1796400000.0},
+    "lease": {"exploration": 0.5, "until": 1796400000.0, "below": 32},
 }
 
 
@@ -28,7 +28,7 @@ def test_a_lease_in_the_file_validates_and_reaches_the_gate(tmp_path: Path) -> N
     path = write(tmp_path, LEASED)
     spec = load_settings({"config_file": str(path)}, environ={}).speculation
     assert spec.lease is not None and spec.lease.until == 1796400000.0
-    assert spec.gate().lease == Lease(0.5, 1796400000.0)
+    assert spec.gate().lease == Lease(0.5, 1796400000.0, below=32)
     assert spec.gate().exploration_at(1796399999.0) == 0.5
     assert spec.gate().exploration_at(1796400000.0) == 0.02
     assert speculation_from_file(path) == spec
@@ -45,6 +45,7 @@ def test_no_lease_is_the_default(tmp_path: Path) -> None:
         ({"exploration": 1.5, "until": 1796400000.0}, "speculation.lease.exploration"),
         ({"exploration": 0.5}, "speculation.lease.until"),
         ({"exploration": 0.5, "until": 0}, "speculation.lease.until"),
+        ({"exploration": 0.5, "until": 1.0, "below": 0}, "speculation.lease.below"),
         ({"exploration": 0.5, "until": 1.0, "for": 60}, "speculation.lease.for"),
     ],
 )
