@@ -85,6 +85,14 @@ EXTENDED_WINDOWS = 2
 # engines were serving, not their first seconds (a fleet still filling its batches read as a
 # third of its load, and a good change was rolled back as "not comparable"; spectune-sim).
 READY_SHARE = 0.5
+# A traffic shift past trafficChangePercent moves the crossover by far less than this factor, so
+# the calibration it starts explores speculation only at batches below this many times the
+# highest threshold in force (to a bucket's edge): an explored spec iteration far past the
+# threshold costs the most and answers nothing the shift could have changed (a busy A100 fleet
+# at batch 64 and up, threshold 8, lost 23% of a window to one; spectune-sim). A crossover
+# that did move further reads as speculation paying up to the range's end, and past_bound
+# re-measures at every batch once traffic runs there.
+EXPLORE_RANGE = 4
 # A change whose goodput check cannot decide (Prometheus down, load not comparable) is verified
 # for up to this many calibration windows after it, then rolled back: kept only on a verdict.
 VERIFY_WINDOWS = 3
@@ -260,6 +268,21 @@ def engine_settings(
     return threshold, percent
 
 
+def explore_below(state: State, reason: Reason, skus: frozenset[str]) -> int | None:
+    """The batch below which a calibration started for `reason` explores speculation past the
+    threshold: EXPLORE_RANGE times the highest threshold the `skus` run, up to a bucket's edge,
+    for a shift that moves the crossover by a bounded factor (`reason.near`); None (every
+    batch) for other reasons, or where a SKU speculates at every batch."""
+    if not reason.near:
+        return None
+    by_sku = thresholds_by_sku(state)
+    runs = [by_sku.get(sku, state.threshold.current) for sku in skus or {""}]
+    if any(t is None for t in runs):
+        return None
+    top = EXPLORE_RANGE * max(1, *(t for t in runs if t is not None))
+    return next((b for b in BATCH_BUCKETS if b >= top), None)
+
+
 def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) -> Reason | None:
     """The first change since the last measurement, in order of how much it moves the curve.
     Only a calibration that ended without a kept measurement backs off (`retryAfter`): a fleet
@@ -341,6 +364,7 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
             "reached": {},
             "reachedAt": None,
             "extendedAt": None,
+            "exploreBelow": explore_below(state, reason, obs.window.skus),
         }
     )
     return Step(
@@ -411,13 +435,21 @@ def reached(window: FleetWindow, before: Mapping[str, list[int]]) -> dict[str, l
     return out
 
 
-def decided(window: FleetWindow, estimates: Mapping[str, Estimate], settled: bool) -> bool:
-    """Every bucket traffic reaches has its samples in both modes, on every SKU, and each
-    SKU's curve crosses, or the range of batches reached has `settled`: a bound ("pays up
-    to 40") read before that may only mean the load has not yet come round to larger batches."""
+def decided(
+    window: FleetWindow,
+    estimates: Mapping[str, Estimate],
+    settled: bool,
+    below: int | None = None,
+) -> bool:
+    """Every bucket traffic reaches below the explored range's end (`below`) has its samples
+    in both modes, on every SKU, and each SKU's curve crosses, or the range of batches reached
+    has `settled`: a bound ("pays up to 40") read before that may only mean the load has not
+    yet come round to larger batches."""
     return (
         bool(window.steps)
-        and not any(undersampled(s) for s in window.steps.values())
+        and not any(
+            below is None or b < below for s in window.steps.values() for b in undersampled(s)
+        )
         and (settled or all(e.crossover.status == "crosses" for e in estimates.values()))
     )
 
@@ -434,7 +466,8 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     shortest = min_window(window.scrape_interval)
     settled = steady >= max(shortest, RANGE_SETTLED_SHARE * window_s)
     estimates = estimate_by_sku(window.steps, window.noise)
-    if elapsed < shortest or (not decided(window, estimates, settled) and elapsed < window_s):
+    done = decided(window, estimates, settled, cal.exploreBelow)
+    if elapsed < shortest or (not done and elapsed < window_s):
         return Step(state)
     estimates = {k: e for k, e in estimates.items() if e.known}
     noisy = too_noisy(estimates)
@@ -445,10 +478,46 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
         why = f"{noisy}: exploring on, for up to {EXTENDED_WINDOWS * window_s} s in all"
         extended = dataclasses.replace(state, calibration=cal)
         return Step(extended, (Event("CalibrationExtended", why),))
+    if not estimates and (past := past_range(window, cal.exploreBelow)) is not None:
+        return _kept_past_range(state, obs, window, past)
     if not estimates:
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
     return _decide(spec, state, obs, window, estimates)
+
+
+def past_range(window: FleetWindow, below: int | None) -> int | None:
+    """The smallest bucket traffic reached (`common_buckets`) when none is below the explored
+    range's end `below`: a calibration with nothing to explore; else None."""
+    reached = [b for stats in window.steps.values() for b in common_buckets(stats)]
+    if below is None or not reached or min(reached) < below:
+        return None
+    return min(reached)
+
+
+def _kept_past_range(state: State, obs: Observation, window: FleetWindow, lowest: int) -> Step:
+    """Traffic ran only past the range a traffic shift explores: the shift moved the crossover
+    by less than that, so the thresholds in force stand there. The baseline takes the new
+    traffic, so that the same shift does not start the same calibration again; what was found
+    per SKU (bounds, floors, outcomes) stands with the thresholds."""
+    cal = state.calibration
+    assert cal.baseline is not None and cal.exploreBelow is not None
+    baseline = cal.baseline.model_copy(
+        update={
+            "replicas": obs.replicas,
+            "skus": sorted(window.skus),
+            "measuredAt": _iso(obs.now),
+            "traffic": _traffic_dict(window.traffic),
+        }
+    )
+    kept = dataclasses.replace(state, calibration=cal.model_copy(update={"baseline": baseline}))
+    runs = thresholds_by_sku(state) or {"every SKU": state.threshold.current}
+    said = ", ".join(f"{sku} {t}" for sku, t in sorted(runs.items()))
+    why = (
+        f"traffic ran at batch {lowest} and up, past the batches a traffic shift explores "
+        f"(below {cal.exploreBelow}): the thresholds in force stand ({said})"
+    )
+    return _finish(kept, obs.now, Event("ThresholdKept", why))
 
 
 def too_noisy(estimates: Mapping[str, Estimate]) -> str | None:

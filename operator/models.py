@@ -505,6 +505,12 @@ class CalibrationStatus(BaseModel):
         description="when this calibration went on exploring past its window: the buckets "
         "deciding a crossover were too noisy to decide on",
     )
+    exploreBelow: int | None = Field(
+        None,
+        description="past the threshold, this calibration explores speculation only at batches "
+        "below this: a traffic shift moves the crossover by a bounded factor, so it is measured "
+        "near the thresholds in force, not at batches far past them; null: at every batch",
+    )
     baseline: Baseline | None = None
 
 

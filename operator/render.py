@@ -96,10 +96,10 @@ def engine_config(
     spec: SpecDeploymentSpec,
     threshold: int | None,
     exploration_percent: int,
-    lease: Mapping[str, float] | None = None,
+    lease: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """The engine's settings file (see engine/serving/settings.py for its schema); `lease`:
-    raised exploration until a unix time (`speculation.lease`)."""
+    raised exploration until a unix time, within a batch range (`speculation.lease`)."""
     s = spec.speculation
     model, draft = weights(spec)
     config: dict[str, Any] = {

@@ -27,10 +27,13 @@ TriggerKind = Literal["Initial", "Replicas", "Sku", "Traffic", "MaxAge", "Spec"]
 
 @dataclass(frozen=True)
 class Reason:
-    """Why a calibration starts: `kind` labels metrics, `message` is for people."""
+    """Why a calibration starts: `kind` labels metrics, `message` is for people. `near`: the
+    change moves the crossover by a bounded factor (a traffic shift), so a calibration explores
+    near the thresholds measured last rather than at every batch."""
 
     kind: TriggerKind
     message: str
+    near: bool = False
 
 
 # The traffic signals a shift is judged on, and which way each moves speculation's speedup at
@@ -175,6 +178,7 @@ def traffic_shifted(
     return Reason(
         "Traffic",
         f"{'; '.join(moved)} over {windows} windows, beyond the {percent:g}% trafficChangePercent",
+        near=True,
     )
 
 

@@ -46,7 +46,7 @@ class Target:
     url: str  # http://IP:PORT
     threshold: int | None
     exploration: float  # the base share, 0..1
-    lease: Mapping[str, float] | None  # {"exploration", "until"}: the raise while exploring
+    lease: Mapping[str, float | None] | None  # {"exploration", "until", "below"}: while exploring
 
 
 @dataclass(frozen=True)
@@ -70,16 +70,23 @@ def saved_state(spec: SpecDeploymentSpec, status: Mapping[str, Any]) -> State:
     )
 
 
-def exploration_lease(state: State, now: datetime, lease_seconds: float) -> dict[str, float] | None:
+def exploration_lease(
+    state: State, now: datetime, lease_seconds: float
+) -> dict[str, float | None] | None:
     """While exploring: the raised share until a unix time, which engines drop by themselves
-    unless a later turn renews it. The expiry is rounded up to half a lease, so that the
-    ConfigMap changes once every half lease rather than every turn, and expires between one
-    and one and a half leases after the last turn that renewed it."""
+    unless a later turn renews it, within the calibration's batch range. The expiry is rounded
+    up to half a lease, so that the ConfigMap changes once every half lease rather than every
+    turn, and expires between one and one and a half leases after the last turn that renewed
+    it."""
     if state.calibration.phase != "Exploring":
         return None
     half = lease_seconds / 2
     until = math.ceil((now.timestamp() + lease_seconds) / half) * half
-    return {"exploration": autotune.CALIBRATION_EXPLORATION_PERCENT / 100, "until": until}
+    return {
+        "exploration": autotune.CALIBRATION_EXPLORATION_PERCENT / 100,
+        "until": until,
+        "below": state.calibration.exploreBelow,
+    }
 
 
 def observe(

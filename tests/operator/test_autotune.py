@@ -623,6 +623,62 @@ def test_poorer_drafting_where_speculation_paid_at_no_batch_re_measures_nothing(
     assert "acceptance rate moved by at least +50%" in started.events[0].message
 
 
+def test_a_traffic_shift_explores_near_the_thresholds_in_force() -> None:
+    """Threshold 12 measured; poorer drafting re-measures speculation past it only below 48
+    (4 x 12, a bucket's edge): the lease carries that. Traffic reaching batch 24 waits for its
+    samples; traffic at 96 does not hold the calibration up. Other triggers, and a SKU that
+    speculates at every batch, explore every batch."""
+    s = spec()
+    state = measured(s)
+    shifted = observe(4 * WINDOW, window(), recent=windows(*(POORER,) * 3, end=4 * WINDOW))
+    exploring = step(s, state, shifted).state
+    assert exploring.calibration.trigger == "Traffic"
+    assert exploring.calibration.exploreBelow == 48
+    start = 4 * WINDOW
+    past = curve(12, buckets=(8, 12, 16)) | {("plain", 96): ModeStats(400, 400 * 96, 4.0)}
+    thin = past | {("spec", 24): ModeStats(5, 240, 0.01), ("plain", 24): ModeStats(50, 1200, 0.1)}
+    waits = step(s, exploring, observe(start + 20, window({H100: thin})))
+    assert waits.events == () and waits.state.calibration.phase == "Exploring"
+    done = step(s, exploring, observe(start + 20, window({H100: past})))
+    assert done.state.calibration.phase == "Idle" and reasons(done) == ["ThresholdKept"]
+    aged = step(s, state, observe(4 * WINDOW + 3600, window()))
+    assert aged.state.calibration.trigger == "MaxAge"
+    assert aged.state.calibration.exploreBelow is None
+    reason = autotune.Reason("Traffic", "shift", near=True)
+    always = dataclasses.replace(state, threshold=ThresholdStatus(current=None))
+    assert autotune.explore_below(always, reason, frozenset({H100})) is None
+    assert autotune.explore_below(fresh(s), reason, frozenset()) == 16  # the start value, 4
+    assert autotune.explore_below(fresh(s), dataclasses.replace(reason, near=False), {H100}) is None
+
+
+def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new_traffic() -> None:
+    """A busy fleet runs at batch 96 under threshold 12: after poorer drafting there is nothing
+    to explore below 48, so the calibration ends at once, keeps 12, and records the new traffic
+    as its baseline: the same shift does not start it again."""
+    s = spec()
+    state = measured(s)
+    recent = windows(*(POORER,) * 3, end=4 * WINDOW)
+    exploring = step(s, state, observe(4 * WINDOW, window(), recent=recent)).state
+    busy = window(elsewhere(), load=POORER)
+    reached = step(s, exploring, observe(4 * WINDOW + 10, busy))
+    assert reached.events == ()  # the load may yet come into range: it waits for it to settle
+    ended = step(s, reached.state, observe(4 * WINDOW + 30, busy))
+    assert reasons(ended) == ["ThresholdKept"]
+    assert ended.events[0].message == (
+        "traffic ran at batch 96 and up, past the batches a traffic shift explores (below 48): "
+        f"the thresholds in force stand ({H100} 12)"
+    )
+    cal = ended.state.calibration
+    assert cal.phase == "Idle" and cal.retryAfter is None
+    assert ended.state.threshold == state.threshold and ended.state.per_sku == state.per_sku
+    assert cal.baseline is not None and state.calibration.baseline is not None
+    assert cal.baseline.traffic["accepted_tokens"] == POORER.accepted_tokens
+    assert cal.baseline.outcomes == state.calibration.baseline.outcomes
+    later = 4 * WINDOW + 30 + 4 * WINDOW
+    again = observe(later, window(elsewhere()), recent=windows(*(POORER,) * 3, end=later))
+    assert step(s, ended.state, again).state == ended.state
+
+
 def test_damping_holds_a_move_within_the_dwell_time_or_the_dead_band() -> None:
     s = spec()
     state = measured(s)  # changed to 12 at T0 + 30 s; the replica change re-triggers below

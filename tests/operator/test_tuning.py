@@ -4,6 +4,7 @@ threshold."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from spectune.operator import autotune, render
@@ -51,6 +52,22 @@ def test_a_started_calibration_raises_exploration_only_as_a_lease() -> None:
         ("e-1", "http://127.0.0.6:8000", 0.02, lease),
     ]
     assert render.engine_config(s, 4, 2, lease)["speculation"] == speculation
+    assert lease["below"] is None  # the first calibration explores every batch
+
+
+def test_a_shifts_calibration_bounds_the_lease_it_sends() -> None:
+    """The batch range a traffic shift's calibration explores reaches the engines in the
+    lease, through the ConfigMap and the admin API alike, with the status that explains it."""
+    state = tune("llm", spec(), {}, 1, PODS, ROLLOUT, observe(0, window()), {}, LEASE).state
+    bounded = dataclasses.replace(
+        state, calibration=state.calibration.model_copy(update={"exploreBelow": 48})
+    )
+    lease = exploration_lease(bounded, T0, LEASE)
+    assert lease is not None and lease["below"] == 48
+    status = {"calibration": bounded.calibration.model_dump(exclude_none=True)}
+    t = tune("llm", spec(), status, 1, PODS, ROLLOUT, observe(10, window()), {}, LEASE)
+    assert t.config["speculation"]["lease"]["below"] == 48
+    assert {e.lease["below"] for e in t.engines if e.lease} == {48}
 
 
 def test_the_lease_changes_once_a_half_lease_and_never_while_idle() -> None:

@@ -122,3 +122,26 @@ def test_an_hpa_that_keeps_each_pods_load_starts_no_replica_calibration() -> Non
     assert max(pods) - min(pods) >= 2, pods  # the HPA did scale, both ways
     assert [c.trigger for c in r.calibrations if c.trigger == "Replicas"] == []
     assert r.explored_share < 0.1
+
+
+def test_a_shift_on_a_fleet_far_past_its_threshold_explores_nothing_there() -> None:
+    """Poor drafting (0.25 per token) on a fleet at batch 55-70 keeps the start value 8; prompts
+    then double. Longer prompts can move the crossover either way, so the shift re-measures,
+    but only below 32 (4 x 8): the fleet runs past that, so nothing is explored and 8 stands.
+    Exploring at every batch, as before, ran 50% speculation at batch 64 and up there (18% of
+    that window's iterations explored)."""
+    spec = copy.deepcopy(BASE["spec"])
+    spec["speculation"]["threshold"] = {"mode": "Auto", "value": 8}
+    r = run(
+        spec=spec,
+        acceptance={"mean": 0.25, "spread": 0.0},
+        traffic=TRAFFIC | {"rate": 24},
+        events=[{"kind": "context", "at_s": 200, "scale": 2}],
+    )
+    [shift] = [c for c in r.calibrations if c.started_s > 200]
+    assert shift.trigger == "Traffic" and shift.outcome == "ThresholdKept"
+    kept = next(e.message for e in r.events if e.reason == "ThresholdKept" and e.at_s > 200)
+    assert "past the batches a traffic shift explores (below 32)" in kept
+    assert min(w.mean_running for w in r.windows if w.start_s >= 200) > 40
+    assert all(w.explored_share < 0.01 for w in r.windows if w.start_s >= shift.started_s - 60)
+    assert {p.threshold for p in r.thresholds} == {8}
