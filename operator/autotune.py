@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -268,7 +268,7 @@ def engine_settings(
     return threshold, percent
 
 
-def explore_below(state: State, reason: Reason, skus: frozenset[str]) -> int | None:
+def explore_below(state: State, reason: Reason, skus: Collection[str]) -> int | None:
     """The batch below which a calibration started for `reason` explores speculation past the
     threshold: EXPLORE_RANGE times the highest threshold the `skus` run, up to a bucket's edge,
     for a shift that moves the crossover by a bounded factor (`reason.near`); None (every
@@ -276,10 +276,11 @@ def explore_below(state: State, reason: Reason, skus: frozenset[str]) -> int | N
     if not reason.near:
         return None
     by_sku = thresholds_by_sku(state)
-    runs = [by_sku.get(sku, state.threshold.current) for sku in skus or {""}]
-    if any(t is None for t in runs):
+    runs = [by_sku.get(sku, state.threshold.current) for sku in skus] or [state.threshold.current]
+    highest = max((t for t in runs if t is not None), default=None)
+    if highest is None or None in runs:
         return None
-    top = EXPLORE_RANGE * max(1, *(t for t in runs if t is not None))
+    top = EXPLORE_RANGE * max(1, highest)
     return next((b for b in BATCH_BUCKETS if b >= top), None)
 
 
@@ -479,7 +480,7 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
         extended = dataclasses.replace(state, calibration=cal)
         return Step(extended, (Event("CalibrationExtended", why),))
     if not estimates and (past := past_range(window, cal.exploreBelow)) is not None:
-        return _kept_past_range(state, obs, window, past)
+        return _kept_past_range(state, obs, window.traffic, past)
     if not estimates:
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
@@ -495,24 +496,21 @@ def past_range(window: FleetWindow, below: int | None) -> int | None:
     return min(reached)
 
 
-def _kept_past_range(state: State, obs: Observation, window: FleetWindow, lowest: int) -> Step:
+def _kept_past_range(state: State, obs: Observation, traffic: Traffic, lowest: int) -> Step:
     """Traffic ran only past the range a traffic shift explores: the shift moved the crossover
     by less than that, so the thresholds in force stand there. The baseline takes the new
-    traffic, so that the same shift does not start the same calibration again; what was found
-    per SKU (bounds, floors, outcomes) stands with the thresholds."""
+    traffic, so that the same shift does not start the same calibration again; the fleet it
+    records (replicas, SKUs) and what was found per SKU (bounds, floors, outcomes) stand with
+    the thresholds: a fleet change meanwhile still re-measures."""
     cal = state.calibration
     assert cal.baseline is not None and cal.exploreBelow is not None
     baseline = cal.baseline.model_copy(
-        update={
-            "replicas": obs.replicas,
-            "skus": sorted(window.skus),
-            "measuredAt": _iso(obs.now),
-            "traffic": _traffic_dict(window.traffic),
-        }
+        update={"measuredAt": _iso(obs.now), "traffic": _traffic_dict(traffic)}
     )
     kept = dataclasses.replace(state, calibration=cal.model_copy(update={"baseline": baseline}))
-    runs = thresholds_by_sku(state) or {"every SKU": state.threshold.current}
+    runs = thresholds_by_sku(state)
     said = ", ".join(f"{sku} {t}" for sku, t in sorted(runs.items()))
+    said = said or f"threshold {state.threshold.current}"
     why = (
         f"traffic ran at batch {lowest} and up, past the batches a traffic shift explores "
         f"(below {cal.exploreBelow}): the thresholds in force stand ({said})"
