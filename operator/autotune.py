@@ -480,7 +480,7 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
         extended = dataclasses.replace(state, calibration=cal)
         return Step(extended, (Event("CalibrationExtended", why),))
     if not estimates and (past := past_range(window, cal.exploreBelow)) is not None:
-        return _kept_past_range(state, obs, window.traffic, past)
+        return _kept_past_range(state, obs, window, past)
     if not estimates:
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
@@ -496,7 +496,7 @@ def past_range(window: FleetWindow, below: int | None) -> int | None:
     return min(reached)
 
 
-def _kept_past_range(state: State, obs: Observation, traffic: Traffic, lowest: int) -> Step:
+def _kept_past_range(state: State, obs: Observation, window: FleetWindow, lowest: int) -> Step:
     """Traffic ran only past the range a traffic shift explores: the shift moved the crossover
     by less than that, so the thresholds in force stand there. The baseline takes the new
     traffic, so that the same shift does not start the same calibration again; the fleet it
@@ -505,10 +505,10 @@ def _kept_past_range(state: State, obs: Observation, traffic: Traffic, lowest: i
     cal = state.calibration
     assert cal.baseline is not None and cal.exploreBelow is not None
     baseline = cal.baseline.model_copy(
-        update={"measuredAt": _iso(obs.now), "traffic": _traffic_dict(traffic)}
+        update={"measuredAt": _iso(obs.now), "traffic": _traffic_dict(window.traffic)}
     )
     kept = dataclasses.replace(state, calibration=cal.model_copy(update={"baseline": baseline}))
-    runs = thresholds_by_sku(state)
+    runs = {sku: t for sku, t in thresholds_by_sku(state).items() if sku in window.skus}
     said = ", ".join(f"{sku} {t}" for sku, t in sorted(runs.items()))
     said = said or f"threshold {state.threshold.current}"
     why = (

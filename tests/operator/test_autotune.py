@@ -23,6 +23,7 @@ from spectune.operator.autotune import (
 )
 from spectune.operator.models import (
     CalibrationStatus,
+    SkuThreshold,
     ThresholdStatus,
 )
 from spectune.operator.observations import FleetWindow, Traffic
@@ -654,9 +655,12 @@ def test_a_traffic_shift_explores_near_the_thresholds_in_force() -> None:
 def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new_traffic() -> None:
     """A busy fleet runs at batch 96 under threshold 12: after poorer drafting there is nothing
     to explore below 48, so the calibration ends at once, keeps 12, and records the new traffic
-    as its baseline: the same shift does not start it again."""
+    as its baseline: the same shift does not start it again. An L4 threshold kept from pods
+    since gone stands too, unnamed: it runs nowhere."""
     s = spec()
     state = measured(s)
+    gone = SkuThreshold(sku=L4, threshold=3)
+    state = dataclasses.replace(state, per_sku=(*state.per_sku, gone))
     recent = windows(*(POORER,) * 3, end=4 * WINDOW)
     exploring = step(s, state, observe(4 * WINDOW, window(), recent=recent)).state
     busy = window(elsewhere(), load=POORER)
