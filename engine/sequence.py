@@ -34,7 +34,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sequence:
     """Committed tokens t_0..t_{L-1}. Target KV is valid for positions < L-1 while running:
     the last token is fed by the next iteration. `draft_cached` counts the draft's valid
