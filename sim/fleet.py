@@ -118,6 +118,7 @@ class FleetSim:
         self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._order = itertools.count()
         self._route = random.Random(self.seed * 7919 + 1)
+        self._serving: list[Pod] | None = None  # see _serving_pods
         self._names = itertools.count()
         self.desired = {p.sku: p.replicas for p in sc.fleet.pools}
         self.spec = sc.spec.model_copy(update={"replicas": sc.replicas})
@@ -181,7 +182,7 @@ class FleetSim:
             self._slo.get(a.workload),
         )  # fmt: skip
         self.requests.append(request)
-        serving = [p for p in self.pods if p.serving]
+        serving = self._serving_pods()
         if not serving:  # a Service without endpoints: the connection is refused
             request.outcome, request.done_at = "rejected", self.now
             return
@@ -192,6 +193,14 @@ class FleetSim:
         if pod.engine.submit(request, self.now) and not pod.busy:
             pod.busy = True
             self.at(self.now, self._step, pod)
+
+    def _serving_pods(self) -> list[Pod]:
+        """The pods serving, in creation order: kept between the changes that move a pod in or
+        out (ready, draining, removed), since every arrival picks from them (the list built
+        afresh per request was a fifth of a 256-pod run's time)."""
+        if self._serving is None:
+            self._serving = [p for p in self.pods if p.serving]
+        return self._serving
 
     def _step(self, pod: Pod) -> None:
         seconds = pod.engine.step(self.now)
@@ -236,6 +245,7 @@ class FleetSim:
             surplus = sorted(live, key=lambda p: (p.ready_at is not None, p.created))
             for pod in surplus[: max(0, len(live) - want)]:
                 pod.draining_since = self.now
+                self._serving = None
                 if not pod.busy:
                     self._remove(pod)
         self.spec = self.spec.model_copy(update={"replicas": sum(self.desired.values())})
@@ -245,12 +255,14 @@ class FleetSim:
         if pod.draining_since is not None:
             return
         pod.ready_at = self.now
+        self._serving = None
         pod.engine.gate.settings = self.config_gate  # the ConfigMap as it is now
         offset = self._route.random() * self.scrapes.interval
         self.at(self.now + offset, self._scrape, pod)
 
     def _remove(self, pod: Pod) -> None:
         pod.gone = True
+        self._serving = None
         self.scrapes.remove(pod.name, self.now)
         self.pods.remove(pod)
         self._retired(pod)
@@ -299,7 +311,7 @@ class FleetSim:
         down only to the highest desire of the stabilisation window."""
         hpa = self.scenario.autoscaler
         assert hpa is not None
-        ready = [p for p in self.pods if p.serving]
+        ready = self._serving_pods()
         if ready:
             sched = [p.engine.scheduler for p in ready]
             total = sum(len(s.running if hpa.metric == "running" else s.waiting) for s in sched)
@@ -385,7 +397,7 @@ class FleetSim:
     # --- the report's windows -----------------------------------------------------
 
     def _sample(self) -> None:
-        ready = [p for p in self.pods if p.serving]
+        ready = self._serving_pods()
         self._tally.running += sum(len(p.engine.scheduler.running) for p in ready)
         self._tally.pods += len(ready)
         self._tally.samples += 1
