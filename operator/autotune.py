@@ -440,7 +440,7 @@ def decided(
     window: FleetWindow,
     estimates: Mapping[str, Estimate],
     settled: bool,
-    below: int | None = None,
+    below: int | None,
 ) -> bool:
     """Every bucket traffic reaches below the explored range's end (`below`) has its samples
     in both modes, on every SKU, and each SKU's curve crosses, or the range of batches reached
@@ -479,9 +479,9 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
         why = f"{noisy}: exploring on, for up to {EXTENDED_WINDOWS * window_s} s in all"
         extended = dataclasses.replace(state, calibration=cal)
         return Step(extended, (Event("CalibrationExtended", why),))
-    if not estimates and (past := past_range(window, cal.exploreBelow)) is not None:
-        return _kept_past_range(state, obs, window, past)
     if not estimates:
+        if (past := past_range(window, cal.exploreBelow)) is not None:
+            return _kept_past_range(state, obs, window, past)
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
     return _decide(spec, state, obs, window, estimates)
