@@ -86,8 +86,12 @@ class SimulatedDevice:
         step, a draft's proposal step): the same seconds, without a feed per sequence."""
         scale = self.context_scale
         cached = sum(starts) if scale == 1.0 else sum(round(s * scale) for s in starts)
-        cached += len(starts) * self.extra_context
-        self.modelled += self.time_scale * model.forward(self.sku, len(starts), cached, cached)
+        self.charge_batch(model, len(starts), cached)
+
+    def charge_batch(self, model: VirtualModel, count: int, cached: int) -> None:
+        """charge_one_each() for `count` sequences whose (scaled) starts sum to `cached`."""
+        cached += count * self.extra_context
+        self.modelled += self.time_scale * model.forward(self.sku, count, cached, cached)
 
     @contextmanager
     def iteration(self) -> Iterator[None]:

@@ -69,6 +69,12 @@ def parser() -> Parser:
         metavar="POLICY",
         help="auto, never, always or thresholds (default: the scenario's)",
     )
+    run.add_argument(
+        "--per-iteration",
+        action="store_true",
+        help="write every sequence every plain iteration, as the engine does (slower: the "
+        "reference the default is held to)",
+    )
     split = sub.add_parser(
         "split", help="compare one pool with split fleets (the scenario's bulk and split)"
     )
@@ -112,7 +118,7 @@ def run_command(args: argparse.Namespace) -> int:
     from spectune.sim.run import simulate
 
     out = args.out or Path(".cache") / "sim" / folder_name(scenario.name)
-    result = simulate(scenario, progress=progress, policies=policies, seeds=args.seeds)
+    result = simulate(scenario, progress, policies, args.seeds, per_iteration=args.per_iteration)
     return written(lambda: write_report(result, out), out)
 
 

@@ -27,6 +27,7 @@ from spectune.engine.request_timing import RequestTiming
 from spectune.engine.scheduler import Scheduler
 from spectune.engine.sequence import SamplingParams, Sequence, Status
 from spectune.engine.simulated_device import SimulatedDevice
+from spectune.sim.plain_run import Member, PlainRun
 
 Labels = tuple[tuple[str, str], ...]
 HISTOGRAMS = (c.TIME_TO_FIRST_TOKEN, c.INTER_TOKEN_LATENCY, c.E2E_REQUEST_LATENCY)
@@ -76,10 +77,9 @@ class Request:
     slo_met: bool = False  # against its class's SLO
 
 
-@dataclass
-class Tracked:
+@dataclass(eq=False)
+class Tracked(Member):
     request: Request
-    seq: Sequence
     undelivered: int = 0
 
 
@@ -129,11 +129,22 @@ def _step_keys(mode: str, batch: int, explored: bool) -> tuple[SeriesKey, ...]:
 
 class SimEngine:
     """A pod's engine. `step(now)` runs one iteration starting at virtual time `now` and
-    returns its modelled seconds (None: nothing to run); the caller advances the clock."""
+    returns its modelled seconds (None: nothing to run); the caller advances the clock.
+    `per_iteration`: every plain iteration writes every sequence, as the engine does (the
+    reference for the run that writes them only when read, sim/plain_run.py)."""
 
-    def __init__(self, name: str, config: PodConfig, gate: GateSettings, seed: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: PodConfig,
+        gate: GateSettings,
+        seed: int,
+        per_iteration: bool = False,
+    ) -> None:
         self.name = name
         self.config = config
+        self.per_iteration = per_iteration
+        self._run: PlainRun | None = None  # the plain iterations since the last other one
         self.device = SimulatedDevice(config.sku, hold=False)
         self.draft_model = LLAMA_1B if config.method == "draft" else None
         per_token = LLAMA_8B.kv_bytes_per_token + (
@@ -216,12 +227,21 @@ class SimEngine:
             self._prefill(seqs)
             seconds = self.device.modelled - start
             self._deliver(seqs, now + seconds)
+            if self._run is not None:
+                for s in seqs:
+                    if s.status is Status.RUNNING:
+                        self._run.join(self._tracked[s.seq_id])
         elif self.scheduler.running:
             decision = (
                 self.gate.decide(len(self.scheduler.running))
                 if self.config.method != "none"
                 else Decision(False, False)
             )
+            if not decision.speculate and not self.per_iteration:
+                seconds = self._plain_run(now, decision.explored)
+                if seconds is not None:
+                    return seconds
+            self._dissolve()
             speculate = decision.speculate
             seqs = self.scheduler.schedule_decode(lookahead=self.config.k if speculate else 0)
             if not seqs:
@@ -246,9 +266,52 @@ class SimEngine:
                 self._commit(s, 1)
             s.plain_unread = 0
 
+    def _plain_run(self, now: float, explored: bool) -> float | None:
+        """A plain iteration from `now` through the run (sim/plain_run.py), its seconds; None
+        and nothing run when the KV blocks its members need now are short (the engine's
+        scheduler preempts then, per sequence)."""
+        run = self._run or self._start_run()
+        blocks = self.scheduler.blocks
+        needing = run.needing_blocks()
+        if len(needing) > blocks.num_free:
+            return None
+        for m in needing:
+            blocks.reserve(m.seq, run.length(m))
+            run.reserved(m)
+        n = len(self.scheduler.running)
+        start = self.device.modelled
+        self.device.charge_batch(self.device.target, n, run.tokens - n)
+        seconds = self.device.modelled - start
+        at = now + seconds
+        gaps = (n - len(run.fresh)) * (at - run.last_end)
+        for m in run.fresh:
+            assert m.request.last_token_at is not None  # its prefill's token, at least
+            gaps += at - m.request.last_token_at
+        for m in run.advance(at, n):
+            self.scheduler.finish(m.seq, "length")
+            self._finish(self._tracked[m.seq.seq_id], at)
+        self.series.values[ITL_SUM] += gaps
+        self.series.values[ITL_COUNT] += n
+        self._observe_step("plain", n, n, seconds, explored)
+        return seconds
+
+    def _start_run(self) -> PlainRun:
+        self._run = PlainRun(self.config.block_size, self.config.max_model_len)
+        for s in self.scheduler.running:
+            self._run.join(self._tracked[s.seq_id])
+        return self._run
+
+    def _dissolve(self) -> None:
+        """End the run before another kind of iteration: every member's tokens written."""
+        if self._run is not None:
+            for s in self.scheduler.running:
+                self._run.sync(self._tracked[s.seq_id])
+            self._run = None
+
     def _decode(self, seqs: list[Sequence], now: float) -> float:
-        """A plain iteration from `now`, its seconds: one token for each sequence, delivered
-        when it ends. `_commit(s, 1)` and `_deliver` in one loop, the fleet's hottest: a running
+        """A plain iteration from `now` as the engine runs it, its seconds: one token for each
+        sequence, written and delivered when it ends (the reference `per_iteration` runs, and
+        the iteration that preempts). `_commit(s, 1)` and `_deliver` in one loop: a running
         sequence always has room for one more token (it finishes when it has none), and has had
         its first token (from its prefill)."""
         start = self.device.modelled

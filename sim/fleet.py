@@ -109,6 +109,7 @@ class FleetSim:
     arrivals: list[Arrival]
     duration: float
     progress: Callable[[float], None] | None = None
+    per_iteration: bool = False  # SimEngine's reference path
     now: float = EPOCH
     pods: list[Pod] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
@@ -238,7 +239,9 @@ class FleetSim:
                 n = next(self._names)
                 name = f"{self.scenario.name}-{sku.lower()}-{n}"
                 seed = self.seed * 100_003 + n
-                engine = SimEngine(name, self._config(sku), self.config_gate, seed)
+                engine = SimEngine(
+                    name, self._config(sku), self.config_gate, seed, self.per_iteration
+                )
                 pod = Pod(name, sku, engine, self.now)
                 self.pods.append(pod)
                 self.at(self.now + startup, self._ready, pod)
@@ -539,8 +542,9 @@ def simulate_run(
     arrivals: list[Arrival],
     duration: float,
     progress: Callable[[float], None] | None = None,
+    per_iteration: bool = False,
 ) -> Run:
     wall = time.perf_counter()
-    sim = FleetSim(scenario, policy, seed, arrivals, duration, progress)
+    sim = FleetSim(scenario, policy, seed, arrivals, duration, progress, per_iteration)
     sim.run()
     return sim.result(time.perf_counter() - wall)

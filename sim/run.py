@@ -17,6 +17,7 @@ def simulate(
     progress: Callable[[str], None] | None = None,
     policies: list[Policy] | None = None,
     seeds: list[int] | None = None,
+    per_iteration: bool = False,
 ) -> SimResult:
     wall = time.perf_counter()
     policies = policies or scenario.policies
@@ -31,7 +32,9 @@ def simulate(
 
             label = f"run {done + 1}/{total} ({policy}, seed {seed})"
             tick = _ticker(progress, label, seconds, wall)
-            runs.append(simulate_run(scenario, policy, seed, requests, seconds, tick))
+            runs.append(
+                simulate_run(scenario, policy, seed, requests, seconds, tick, per_iteration)
+            )
     pod_seconds = sum(w.pods * w.seconds for r in runs for w in r.windows)
     return SimResult(
         scenario=scenario.name,

@@ -185,8 +185,8 @@ def test_run_hands_simulate_the_overrides_and_prints_the_report(
 ) -> None:
     calls = []
 
-    def simulate(scenario, progress=None, policies=None, seeds=None):
-        calls.append((scenario.name, policies, seeds))
+    def simulate(scenario, progress=None, policies=None, seeds=None, per_iteration=False):
+        calls.append((scenario.name, policies, seeds, per_iteration))
         progress("halfway")
         return tiny_result(policies or scenario.policies, seeds or scenario.seeds)
 
@@ -194,7 +194,7 @@ def test_run_hands_simulate_the_overrides_and_prints_the_report(
     monkeypatch.chdir(tmp_path)
     path = scenario(tmp_path, "good", GOOD)
     assert main(["run", str(path), "--seeds", "3", "4", "--policies", "auto", "16"]) == 0
-    assert calls == [("tiny one", ["auto", 16], [3, 4])]
+    assert calls == [("tiny one", ["auto", 16], [3, 4], False)]
     captured = capsys.readouterr()
     report = Path(captured.out.strip())
     assert report == Path(".cache/sim/tiny-one/report.md")
@@ -203,8 +203,8 @@ def test_run_hands_simulate_the_overrides_and_prints_the_report(
     assert captured.err == "halfway\n"
 
     out = tmp_path / "elsewhere"
-    assert main(["run", str(path), "--out", str(out)]) == 0
-    assert calls[-1] == ("tiny one", None, None)
+    assert main(["run", str(path), "--out", str(out), "--per-iteration"]) == 0
+    assert calls[-1] == ("tiny one", None, None, True)
     assert capsys.readouterr().out.strip() == str(out / "report.md")
 
 
