@@ -79,6 +79,12 @@ class SimulatedDevice:
             positions += n
             cached += start
             attended += n * start + n * (n - 1) // 2
+        self.charge_totals(model, positions, cached, attended)
+
+    def charge_totals(
+        self, model: VirtualModel, positions: int, cached: int, attended: int
+    ) -> None:
+        """charge() for feeds whose counts, as charge() scales and sums them, are these."""
         self.modelled += self.time_scale * model.forward(self.sku, positions, cached, attended)
 
     def charge_one_each(self, model: VirtualModel, starts: Sequence[int]) -> None:

@@ -247,10 +247,7 @@ class SimEngine:
             if not seqs:
                 return None
             if speculate:
-                tokens, catchup = self._speculate(seqs)
-                seconds = self.device.modelled - start
-                self._observe_step("spec", len(seqs), tokens, seconds - catchup, decision.explored)
-                self._deliver(seqs, now + seconds)
+                seconds = self._speculate(seqs, now, decision.explored)
             else:
                 seconds = self._decode(seqs, now)
                 self._observe_step("plain", len(seqs), len(seqs), seconds, decision.explored)
@@ -335,29 +332,38 @@ class SimEngine:
         self.series.values[ITL_COUNT] += len(seqs)
         return seconds
 
-    def _draft_len(self, seq: Sequence) -> int:
-        if seq.take_pause():
-            return 0
-        return max(
-            0, min(self.config.k, seq.remaining - 1, self.config.max_model_len - len(seq) - 1)
-        )
-
-    def _speculate(self, seqs: list[Sequence]) -> tuple[int, float]:
-        """The engine's forwards for one spec iteration; (tokens committed, catch-up seconds
-        kept out of the step's time)."""
-        ks = [self._draft_len(s) for s in seqs]
-        catchup = 0.0
-        drafted_seqs = [s for s, k in zip(seqs, ks, strict=True) if k]
-        t0 = self.device.modelled
+    def _speculate(self, seqs: list[Sequence], now: float, explored: bool) -> float:
+        """One spec iteration from `now`, its seconds: the engine's forwards (the draft's
+        catch-up, proposal and further drafted tokens, the target's verify over 1 + k positions
+        each), then each sequence's accepted tokens committed and delivered when it ends, in
+        one loop as `_decode` does. The catch-up's seconds are kept out of the step's time."""
+        start = self.device.modelled
+        limit, most = self.config.max_model_len, self.config.k
+        ks: list[int] = []  # drafted tokens per sequence: none while paused or finishing
+        positions = cached = attended = 0  # the verify forward's (this device scales nothing)
+        for s in seqs:
+            length = len(s.token_ids)
+            if s.take_pause():
+                k = 0
+            else:
+                remaining = s.params.max_tokens - length + s.prompt_len
+                k = max(0, min(most, remaining - 1, limit - length - 1))
+            ks.append(k)
+            positions += 1 + k
+            cached += length - 1
+            attended += (1 + k) * (length - 1) + k * (k + 1) // 2
+        drafting = [(s, k) for s, k in zip(seqs, ks, strict=True) if k]
+        catchup = prefill = draft_seconds = 0.0
         draft = self.draft_model
         if draft is not None:
+            drafted_seqs = [s for s, _ in drafting]
 
             def read(behind: list[Sequence]) -> None:
                 spans = [Span(range(len(s) - 1 - s.draft_cached), s.draft_cached) for s in behind]
                 self.device.charge(draft, spans)
 
             bill = catch_up(drafted_seqs, read)
-            prefill, catchup = bill.split(self.device.modelled - t0)
+            prefill, catchup = bill.split(self.device.modelled - start)
             t1 = self.device.modelled
             # propose: the tokens the draft has not seen, then one forward per drafted token
             if drafted_seqs:  # nobody drafting (all paused or finishing): no forward
@@ -368,39 +374,52 @@ class SimEngine:
             for s in drafted_seqs:
                 s.draft_cached = len(s)
                 s.plain_unread = 0
-            for i in range(1, max(ks, default=0)):
-                active = [s for s, k in zip(seqs, ks, strict=True) if k > i]
+            for i in range(1, max(ks)):
+                active = [s for s, k in drafting if k > i]
                 self.device.charge_one_each(draft, [s.draft_cached for s in active])
                 for s in active:
                     s.draft_cached += 1
             draft_seconds = self.device.modelled - t1
-        else:
-            prefill = draft_seconds = 0.0
-        self.device.charge(
-            self.device.target,
-            [Span(range(1 + k), len(s) - 1) for s, k in zip(seqs, ks, strict=True)],
-        )
-        committed = drafted = accepted = 0
+        self.device.charge_totals(self.device.target, positions, cached, attended)
+        seconds = self.device.modelled - start
+        at = now + seconds
+        draw, tracked = self.acceptance_draws.random, self._tracked
+        floor, pause = self.config.min_acceptance, self.config.pause_iterations
+        committed = accepted = 0
+        gaps = 0.0
         for s, k in zip(seqs, ks, strict=True):
-            rate = self._tracked[s.seq_id].request.acceptance
+            t = tracked[s.seq_id]
+            r = t.request
             acc = 0
-            while acc < k and self.acceptance_draws.random() < rate:
+            while acc < k and draw() < r.acceptance:
                 acc += 1
-            s.draft_cached = min(s.draft_cached, len(s) + acc)
+            ids = s.token_ids
+            length = len(ids)
+            s.draft_cached = min(s.draft_cached, length + acc)
             if k:
-                s.record_acceptance(
-                    acc / k, self.config.min_acceptance, self.config.pause_iterations
-                )
-            drafted, accepted = drafted + k, accepted + acc
-            committed += self._commit(s, acc + 1)
-        bucket = str(c.batch_bucket(len(seqs)))
+                s.record_acceptance(acc / k, floor, pause)
+            accepted += acc
+            remaining = s.params.max_tokens - (length - s.prompt_len)
+            taken = min(acc + 1, remaining, limit - length)  # at least one: s is running
+            ids.extend([0] * taken)
+            committed += taken
+            assert r.last_token_at is not None  # its prefill's token, at least
+            gaps += at - r.last_token_at
+            r.last_token_at = at
+            if taken == remaining or length + taken >= limit:
+                self.scheduler.finish(s, "length")
+                self._finish(t, at)
+        values, bucket = self.series.values, str(c.batch_bucket(len(seqs)))
+        values[ITL_SUM] += gaps
+        values[ITL_COUNT] += committed
         self.series.inc(c.DRAFT_SECONDS, draft_seconds, batch=bucket)
         self.series.inc(c.DRAFT_PREFILL_SECONDS, prefill, batch=bucket)
         self.series.inc(c.DRAFT_CATCHUP_SECONDS, catchup, batch=bucket)
-        self.series.inc(c.SPEC_DRAFTS, len(drafted_seqs))
-        self.series.inc(c.SPEC_DRAFT_TOKENS, drafted)
+        self.series.inc(c.SPEC_DRAFTS, len(drafting))
+        self.series.inc(c.SPEC_DRAFT_TOKENS, sum(ks))
         self.series.inc(c.SPEC_ACCEPTED_TOKENS, accepted)
-        return committed, catchup
+        self._observe_step("spec", len(seqs), committed, seconds - catchup, explored)
+        return seconds
 
     def _commit(self, seq: Sequence, count: int) -> int:
         """Append up to `count` tokens (max_tokens and the context bound them); the number
