@@ -27,27 +27,32 @@ from spectune.sim.fleet import EPOCH, FleetSim
 from spectune.sim.scenario import parse_scenario
 
 
-def scenario(args: argparse.Namespace) -> dict:
+def busy_h100(pods: int, copies: int, start: float, seconds: float) -> dict:
+    """H100 pods (40 GiB of KV each, batches up to 128, an 8B target with a 1B draft at k=4)
+    serving `copies` of the Azure trace from `start` for `seconds` (benchmarks/sim_speed.py's
+    fleet too)."""
     return {
-        "name": "false-rollbacks",
         "traffic": {
             "name": "azure-conv",
-            "copies": args.copies,
-            "start_s": args.start,
-            "duration_s": args.seconds,
+            "copies": copies,
+            "start_s": start,
+            "duration_s": seconds,
         },
         "acceptance": {"mean": 0.44, "spread": 0.1},
-        "fleet": {"pools": [{"sku": "H100", "replicas": args.pods}], "kv_cache_gib": 40},
+        "fleet": {"pools": [{"sku": "H100", "replicas": pods}], "kv_cache_gib": 40},
         "spec": {
             "model": {"name": "llama-3.1-8b"},
             "engine": {"maxBatchSize": 128},
             "speculation": {"method": "draft", "draft": "llama-3.2-1b", "numSpeculativeTokens": 4},
             "slo": {"ttftMilliseconds": 1000, "tpotMilliseconds": 50},
-            "tuning": {"calibrationWindowSeconds": args.window},
         },
-        "policies": [args.threshold],
-        "seeds": [args.seed],
     }
+
+
+def scenario(args: argparse.Namespace) -> dict:
+    fleet = busy_h100(args.pods, args.copies, args.start, args.seconds)
+    fleet["spec"]["tuning"] = {"calibrationWindowSeconds": args.window}
+    return fleet | {"name": "false-rollbacks", "policies": [args.threshold], "seeds": [args.seed]}
 
 
 def main() -> int:

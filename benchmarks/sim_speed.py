@@ -26,6 +26,8 @@ import statistics
 import sys
 import time
 
+from false_rollbacks import busy_h100  # the sibling script's fleet
+
 from spectune.sim.arrivals import Arrival, arrivals, duration
 from spectune.sim.fleet import FleetSim
 from spectune.sim.results import Run
@@ -33,34 +35,10 @@ from spectune.sim.scenario import Policy, Scenario, parse_scenario
 
 
 def scenario(args: argparse.Namespace) -> Scenario:
+    fleet = busy_h100(args.pods, args.copies, args.start, args.seconds)
+    fleet["fleet"]["startup_s"] = 0  # busy from the start
     return parse_scenario(
-        {
-            "name": "sim-speed",
-            "traffic": {
-                "name": "azure-conv",
-                "copies": args.copies,
-                "start_s": args.start,
-                "duration_s": args.seconds,
-            },
-            "acceptance": {"mean": 0.44, "spread": 0.1},
-            "fleet": {
-                "pools": [{"sku": "H100", "replicas": args.pods}],
-                "kv_cache_gib": 40,
-                "startup_s": 0,
-            },
-            "spec": {
-                "model": {"name": "llama-3.1-8b"},
-                "engine": {"maxBatchSize": 128},
-                "speculation": {
-                    "method": "draft",
-                    "draft": "llama-3.2-1b",
-                    "numSpeculativeTokens": 4,
-                },
-                "slo": {"ttftMilliseconds": 1000, "tpotMilliseconds": 50},
-            },
-            "policies": args.policies,
-            "window_s": args.seconds,
-        }
+        fleet | {"name": "sim-speed", "policies": args.policies, "window_s": args.seconds}
     )
 
 
