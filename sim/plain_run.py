@@ -1,4 +1,4 @@
-"""A run of plain iterations kept per iteration, not per sequence: the fleet simulator's fast path.
+"""Runs of plain iterations whose cost does not grow with the batch: the simulator's fast path.
 
 A busy pod runs a hundred sequences or more, and a plain iteration gives each of them one token:
 writing every one of them every iteration was four fifths of a fleet run's time. Within a run of
@@ -7,7 +7,7 @@ since, so it is written only when something reads it:
 - a new KV block, every block_size tokens: the iteration it needs one is known when it joins;
 - its last token: it asks for a fixed number, so the iteration it finishes is known too;
 - any other kind of iteration (a spec iteration reads every length, a preemption frees by them),
-  before which the run ends (`dissolve`).
+  before which the run ends (SimEngine._dissolve writes every member).
 Every member's last token came at the end of the run's last iteration, but for those that joined
 since (a prefill, the run's start), which keep their own time.
 
