@@ -94,9 +94,9 @@ class Estimate:
         in every measured bucket says nothing of larger batches: speculation runs through the
         largest measured bucket and stops at the next (a trigger re-measures once traffic runs
         there). Alike, a curve below 1 from its first measured bucket turns speculation off
-        only from that bucket up: not paying at 32 says nothing against 16."""
+        only from that bucket up (`off_from`): not paying at 32 says nothing against 16."""
         if self.crossover.status == "never_pays":
-            return self.curve[0].batch
+            return self.off_from
         if self.crossover.status == "always_pays":
             return self.bound
         return self.crossover.threshold
@@ -108,24 +108,30 @@ class Estimate:
         return _bound(self.crossover, self.curve)
 
     @property
+    def off_from(self) -> int:
+        """For a curve that pays in no measured bucket: the batch from which its threshold turns
+        speculation off (`_off_from`)."""
+        return _off_from(self.curve, self.noise)
+
+    @property
     def floor(self) -> int | None:
-        """For a curve that pays in no measured bucket: the smallest batch measured, when it is
-        above 1 (speculation still runs below it, unmeasured), else None."""
-        if self.crossover.status != "never_pays" or self.curve[0].batch <= 1:
+        """For a curve that pays in no measured bucket: where its threshold turns speculation
+        off, when that is above 1 (speculation still runs below it, unmeasured), else None."""
+        if self.crossover.status != "never_pays" or self.off_from <= 1:
             return None
-        return self.curve[0].batch
+        return self.off_from
 
     def agrees_with(self, threshold: int | None) -> bool:
         """Whether a one-sided measurement leaves `threshold` standing: a curve that pays in
         every measured bucket puts the crossover past them, so any threshold from its bound up
         agrees (None: above every batch); one that pays in none puts it below them, so any
-        threshold up to its first bucket agrees. A load that fell (or rose) away from the
-        crossover measured earlier then does not move it."""
+        threshold up to where it turns speculation off agrees. A load that fell (or rose) away
+        from the crossover measured earlier then does not move it."""
         if self.crossover.status == "always_pays":
             bound = self.bound
             return threshold is None or (bound is not None and threshold >= bound)
         if self.crossover.status == "never_pays":
-            return threshold is not None and threshold <= self.curve[0].batch
+            return threshold is not None and threshold <= self.off_from
         return False
 
     def flips_a_clear_bucket(self, a: int | None, b: int | None) -> bool:
@@ -210,14 +216,30 @@ def estimate(
     seen = [bucket for (_, bucket), s in stats.items() if s.steps > 0]
     largest = max(seen) if seen else None
     noise = speedup_noise(curve, throughput_noise or {})
+    off = _off_from(curve, noise) if crossover.status == "never_pays" else None
     return Estimate(
         sku=sku,
         crossover=crossover,
         curve=curve,
         largest_batch_seen=largest,
-        reason=_reason(crossover, curve, largest, min_steps),
+        reason=_reason(crossover, curve, largest, min_steps, off),
         noise=noise,
     )
+
+
+def _off_from(curve: tuple[SpeedupPoint, ...], noise: Mapping[int, float]) -> int:
+    """Where a curve that pays in no measured bucket turns speculation off: its first bucket, or
+    a lower bucket edge down to which its loss holds. A step's time grows at most in proportion
+    to its batch (a fixed cost plus one per sequence), so at batch b below m speedup is at most
+    m/b times its value at m: with the first bucket's speedup s (at its upper error) at mean
+    batch m, speculation pays at no batch from m x s up. (A saturated fleet's first calibration
+    measured batch 128 alone, speedup about 0.7, and asked for 128; once its load eased, its
+    pods speculated at 96-127: 0.86x a fixed threshold for two windows,
+    examples/sim/saturated-start.yaml.)"""
+    first = curve[0]
+    se = first.speedup * noise.get(first.batch, assumed_noise(first))
+    loses_from = first.mean_batch * (first.speedup + CLEAR_Z * se)
+    return next((b for b in BATCH_BUCKETS if loses_from <= b < first.batch), first.batch)
 
 
 def estimate_by_sku(
@@ -254,6 +276,7 @@ def _reason(
     curve: tuple[SpeedupPoint, ...],
     largest: int | None,
     min_steps: int,
+    off: int | None,
 ) -> str:
     if crossover.status == "unknown":
         if largest is None:
@@ -269,8 +292,18 @@ def _reason(
         return f"speculation pays at every batch measured: crossover {bound}"
     if crossover.status == "never_pays":
         first = curve[0].batch
-        below = "" if first == 1 else f"; off from {first} up, smaller batches not measured"
-        return f"speculation does not pay even at batch {first}, the smallest measured{below}"
+        said = f"speculation does not pay even at batch {first}, the smallest measured"
+        if off is None or off == first:
+            return (
+                said if first == 1 else f"{said}; off from {first} up, smaller batches not measured"
+            )
+        bound = (
+            f"the loss at {first} bounds speedup below 1 there (step time grows at most in "
+            "proportion to the batch)"
+        )
+        if off == 1:
+            return f"{said}; off at every batch: {bound}"
+        return f"{said}; off from {off} up: {bound}, smaller batches not measured"
     (low, high) = _deciding(crossover, curve)
     return (
         f"crossover at batch {crossover.batch:.1f}: speedup {low.speedup:.2f} at batch "

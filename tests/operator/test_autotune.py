@@ -409,14 +409,15 @@ def test_traffic_past_a_bound_re_measures_the_batches_it_reaches() -> None:
 
 def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
     """The mirror: a busy window measured speculation paying at no batch from 32 up. With no
-    start value (always speculate) it turns off from 32 only (smaller batches still speculate,
-    unmeasured), and once most decode steps run below 32 a calibration measures those batches."""
+    start value (always speculate) it turns off from 24 only, where its loss at 32 (speedup
+    0.71) bounds speedup below 1 (smaller batches still speculate, unmeasured), and once most
+    decode steps run below 24 a calibration measures those batches."""
     s = spec(value=None)
     large = (32, 48)
     state = calibrate(s, fresh(s), 0, {H100: curve(10, buckets=large)})
-    assert state.threshold.current == 32
+    assert state.threshold.current == 24
     assert state.calibration.baseline is not None
-    assert state.calibration.baseline.floors == {H100: 32}
+    assert state.calibration.baseline.floors == {H100: 24}
     assert state.calibration.baseline.bounds == {}
     state = step(s, state, observe(2 * WINDOW, window({H100: curve(10, buckets=large)}))).state
     assert state.calibration.phase == "Idle"
@@ -427,7 +428,7 @@ def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
     most = window({H100: curve(10, buckets=(8, 12, 16)) | curve(10, buckets=large)})
     started = step(s, state, observe(4 * WINDOW, most))
     assert started.state.calibration.trigger == "Traffic"
-    assert f"{H100}: 60% of decode steps ran below batch 32" in started.events[0].message
+    assert f"{H100}: 60% of decode steps ran below batch 24" in started.events[0].message
 
 
 @pytest.mark.parametrize(
@@ -487,10 +488,11 @@ def test_paying_at_no_measured_batch_never_raises_a_start_value() -> None:
 
 
 def test_paying_at_no_measured_batch_lowers_a_start_value_above_them() -> None:
-    """The same measurement against a start value of 256 turns speculation off from 128."""
+    """The same measurement against a start value of 256 turns speculation off from 64: its
+    loss at 128 (speedup 0.47) bounds speedup below 1 down to batch 64."""
     s = spec(value=256, minDwellSeconds=0)
     state = calibrate(s, fresh(s), 0, {H100: curve(10, buckets=(128,))})
-    assert state.threshold.current == 128
+    assert state.threshold.current == 64
 
 
 def test_a_change_that_makes_requests_queue_is_verified_with_a_warning() -> None:

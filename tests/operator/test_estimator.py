@@ -138,6 +138,28 @@ def test_speculation_that_never_pays_says_so() -> None:
     assert from_one.floor is None  # nothing smaller is left to measure
 
 
+def test_a_large_loss_turns_speculation_off_below_the_first_bucket_too() -> None:
+    """A saturated fleet's window measures bucket 128 alone, where speculation loses by far
+    (H100 at acceptance 0.44: the roofline crosses near batch 20). A step's time grows at most
+    in proportion to its batch, so speedup s at mean batch m bounds it below 1 from m x s up:
+    speculating at 96-127 once the load eased, as threshold 128 does, cost 0.86x a fixed
+    threshold (examples/sim/saturated-start.yaml)."""
+    s = setting("H100", acceptance=0.44)
+    est = estimate("H100", synthetic(s, random.Random(5), buckets=(128,)))
+    assert est.crossover.status == "never_pays"
+    assert est.threshold == est.floor == est.off_from
+    assert est.threshold < 128 and s.speedup(est.threshold) < 1  # the roofline agrees
+    assert f"off from {est.threshold} up: the loss at 128 bounds speedup below 1" in est.reason
+    assert est.agrees_with(est.threshold) and not est.agrees_with(128)
+    # a loss too small to bound the batches below speaks for nothing there: 0.89 at batch 76
+    # (A100, acceptance 0.7, crossing at 65) says nothing of 48-63, where it pays
+    near = {
+        ("plain", 64): ModeStats(400, 400 * 76, 4.0),
+        ("spec", 64): ModeStats(400, 400 * 76 * 0.89, 4.0),
+    }
+    assert estimate("A100", near).threshold == 64
+
+
 def test_without_data_in_both_modes_the_crossover_is_unknown() -> None:
     empty = estimate("H100", {})
     assert not empty.known and empty.confidence == 0 and empty.largest_batch_seen is None
