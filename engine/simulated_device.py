@@ -97,7 +97,7 @@ class SimulatedDevice:
     def charge_batch(self, model: VirtualModel, count: int, cached: int) -> None:
         """charge_one_each() for `count` sequences whose (scaled) starts sum to `cached`."""
         cached += count * self.extra_context
-        self.modelled += self.time_scale * model.forward(self.sku, count, cached, cached)
+        self.charge_totals(model, count, cached, cached)
 
     @contextmanager
     def iteration(self) -> Iterator[None]:

@@ -144,7 +144,7 @@ class SimEngine:
         self.name = name
         self.config = config
         self.per_iteration = per_iteration
-        self._run: PlainRun | None = None  # the plain iterations since the last other one
+        self._run: PlainRun[Tracked] | None = None  # the plain iterations since another kind
         self.device = SimulatedDevice(config.sku, hold=False)
         self.draft_model = LLAMA_1B if config.method == "draft" else None
         per_token = LLAMA_8B.kv_bytes_per_token + (
@@ -286,13 +286,13 @@ class SimEngine:
             gaps += at - m.request.last_token_at
         for m in run.advance(at, n):
             self.scheduler.finish(m.seq, "length")
-            self._finish(self._tracked[m.seq.seq_id], at)
+            self._finish(m, at)
         self.series.values[ITL_SUM] += gaps
         self.series.values[ITL_COUNT] += n
         self._observe_step("plain", n, n, seconds, explored)
         return seconds
 
-    def _start_run(self) -> PlainRun:
+    def _start_run(self) -> PlainRun[Tracked]:
         self._run = PlainRun(self.config.block_size, self.config.max_model_len)
         for s in self.scheduler.running:
             self._run.join(self._tracked[s.seq_id])

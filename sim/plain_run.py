@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from spectune.engine.sequence import Sequence
 
@@ -42,9 +42,13 @@ class Member:
     end: int = 0  # the run's iteration that gives it its last token
 
 
-class PlainRun:
+M = TypeVar("M", bound=Member)
+
+
+class PlainRun(Generic[M]):
     """The running batch through consecutive plain iterations. `count` iterations have run;
-    the iteration about to run is number `count`."""
+    the iteration about to run is number `count`. Members come back as they joined (the
+    engine's Tracked)."""
 
     def __init__(self, block_size: int, max_model_len: int) -> None:
         self.block_size = block_size
@@ -52,12 +56,12 @@ class PlainRun:
         self.count = 0
         self.tokens = 0  # the members' lengths, summed: what the next iteration's forward reads
         self.last_end = 0.0  # when the last iteration ended: the members' last token but fresh
-        self.fresh: list[Member] = []  # joined since that iteration, each with its own last token
-        self._needs: dict[int, list[Member]] = defaultdict(list)  # iteration -> a block each
-        self._ends: dict[int, list[Member]] = defaultdict(list)  # iteration -> their last token
+        self.fresh: list[M] = []  # joined since that iteration, each with its own last token
+        self._needs: dict[int, list[M]] = defaultdict(list)  # iteration -> a block each
+        self._ends: dict[int, list[M]] = defaultdict(list)  # iteration -> their last token
         self._ranks = itertools.count()
 
-    def join(self, m: Member) -> None:
+    def join(self, m: M) -> None:
         """A running sequence whose tokens are all written enters the run now."""
         seq = m.seq
         m.synced, m.rank = self.count, next(self._ranks)
@@ -68,7 +72,7 @@ class PlainRun:
         self._ends[m.end].append(m)
         self._plan_block(m)
 
-    def needing_blocks(self) -> list[Member]:
+    def needing_blocks(self) -> list[M]:
         """The members whose length outgrows their KV blocks in this iteration, by one block
         each (a member grows by one token an iteration)."""
         return self._needs.pop(self.count, [])
@@ -77,7 +81,7 @@ class PlainRun:
         """`m`'s tokens now, written or not."""
         return len(m.seq) + self.count - m.synced
 
-    def reserved(self, m: Member) -> None:
+    def reserved(self, m: M) -> None:
         """`m` got its block: plan its next one."""
         self._plan_block(m)
 
@@ -92,7 +96,7 @@ class PlainRun:
             m.synced = self.count
             m.request.last_token_at = self.last_end
 
-    def advance(self, end: float, batch: int) -> list[Member]:
+    def advance(self, end: float, batch: int) -> list[M]:
         """The iteration ends at `end`, `batch` members got a token each: the members that got
         their last one (written, in the running batch's order)."""
         done = self._ends.pop(self.count, [])
@@ -105,7 +109,7 @@ class PlainRun:
             self.tokens -= len(m.seq)
         return sorted(done, key=lambda m: m.rank) if len(done) > 1 else done
 
-    def _plan_block(self, m: Member) -> None:
+    def _plan_block(self, m: M) -> None:
         """The first iteration whose length outgrows `m`'s blocks, unless it finishes first."""
         seq = m.seq
         need = m.synced + len(seq.block_table) * self.block_size - len(seq) + 1
