@@ -256,6 +256,14 @@ class EngineSpec(Spec):
     )
 
 
+# Auto's start value when the spec gives none: until the first calibration decides (about two
+# minutes), speculating past the crossover on a busy fleet costs far more than not speculating
+# below it on a quiet one (spectune-sim: 0.83x the best fixed threshold in a busy H100 fleet's
+# first window with no threshold, 0.998x from 8 or 16), and small batches are where
+# speculation pays on every SKU.
+DEFAULT_START_THRESHOLD = 8
+
+
 class ThresholdSpec(Spec):
     model_config = ConfigDict(
         extra="forbid",
@@ -281,7 +289,12 @@ class ThresholdSpec(Spec):
         "Advisory: measure and recommend only",
     )
     value: int | None = Field(
-        None, ge=0, le=4096, description="pinned threshold (Manual); start value otherwise"
+        None,
+        ge=0,
+        le=4096,
+        description="pinned threshold (Manual); start value otherwise: unset, Auto starts "
+        f"from {DEFAULT_START_THRESHOLD} (within min..max) and Advisory leaves the engines "
+        "speculating at every batch",
     )
     min: int = Field(1, ge=0, le=4096)
     max: int = Field(256, ge=1, le=4096)

@@ -6,12 +6,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from spectune.operator.models import Condition, SpecDeploymentSpec, ThresholdStatus
+from spectune.operator.damping import clamp
+from spectune.operator.models import (
+    DEFAULT_START_THRESHOLD,
+    Condition,
+    SpecDeploymentSpec,
+    ThresholdStatus,
+)
 
 
 def threshold_status(spec: SpecDeploymentSpec, current: ThresholdStatus) -> ThresholdStatus:
     """Manual pins the spec's value. Otherwise a measured threshold, once there is one,
-    wins over the spec's start value; with neither, the engines always speculate."""
+    wins over the spec's start value; with neither, Auto starts from the default start value
+    and Advisory, which changes nothing the engines run, leaves them speculating always."""
     t = spec.speculation.threshold
     if t.mode == "Manual":
         return ThresholdStatus(current=t.value, recommended=current.recommended, source="Spec")
@@ -19,7 +26,8 @@ def threshold_status(spec: SpecDeploymentSpec, current: ThresholdStatus) -> Thre
         return current
     if t.value is not None:
         return ThresholdStatus(current=t.value, recommended=current.recommended, source="Spec")
-    return ThresholdStatus(current=None, recommended=current.recommended, source="Default")
+    start = clamp(DEFAULT_START_THRESHOLD, t.min, t.max) if t.mode == "Auto" else None
+    return ThresholdStatus(current=start, recommended=current.recommended, source="Default")
 
 
 def merge_patch(old: Any, new: Any) -> Any:

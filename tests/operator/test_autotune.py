@@ -408,11 +408,11 @@ def test_traffic_past_a_bound_re_measures_the_batches_it_reaches() -> None:
 
 
 def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
-    """The mirror: a busy window measured speculation paying at no batch from 32 up. With no
-    start value (always speculate) it turns off from 24 only, where its loss at 32 (speedup
-    0.71) bounds speedup below 1 (smaller batches still speculate, unmeasured), and once most
-    decode steps run below 24 a calibration measures those batches."""
-    s = spec(value=None)
+    """The mirror: a busy window measured speculation paying at no batch from 32 up. From a
+    start value above them (48) it turns off from 24 only, where its loss at 32 (speedup 0.71)
+    bounds speedup below 1 (smaller batches still speculate, unmeasured), and once most decode
+    steps run below 24 a calibration measures those batches."""
+    s = spec(value=48)
     large = (32, 48)
     state = calibrate(s, fresh(s), 0, {H100: curve(10, buckets=large)})
     assert state.threshold.current == 24

@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from spectune.operator.status import merge_patch, prometheus_down, rollout_conditions, unready_pods
+from spectune.operator.models import ThresholdStatus, parse_spec
+from spectune.operator.status import (
+    merge_patch,
+    prometheus_down,
+    rollout_conditions,
+    threshold_status,
+    unready_pods,
+)
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -91,3 +98,24 @@ def test_a_status_patch_replaces_maps_instead_of_merging_them() -> None:
     assert apply_merge_patch(old, new)["baseline"]["bounds"] == {"H100": 24, "L4": 12}  # merged
     assert apply_merge_patch(old, merge_patch(old, new)) == new
     assert merge_patch(None, new) == new
+
+
+def test_auto_without_a_start_value_starts_from_8_within_its_range_and_advisory_from_none() -> None:
+    """Auto with no start value runs 8 (raised to `min`, lowered to `max`) until a measurement;
+    Advisory changes nothing the engines run, so they speculate always; a value given wins,
+    and a measured threshold wins over both."""
+
+    def start(**threshold: Any) -> tuple[int | None, str]:
+        spec = parse_spec({"model": {"name": "m"}, "speculation": {"threshold": threshold}})
+        t = threshold_status(spec, ThresholdStatus())
+        return t.current, t.source
+
+    assert start() == (8, "Default")
+    assert start(min=16) == (16, "Default")
+    assert start(max=4) == (4, "Default")
+    assert start(mode="Advisory") == (None, "Default")
+    assert start(value=32) == (32, "Spec")
+    assert start(mode="Advisory", value=32) == (32, "Spec")
+    spec = parse_spec({"model": {"name": "m"}, "speculation": {"threshold": {}}})
+    measured = ThresholdStatus(current=48, source="Measured")
+    assert threshold_status(spec, measured) == measured

@@ -27,13 +27,21 @@ def changes(r: Run, after: float = 0.0) -> list[str]:
     return [e.message for e in r.events if e.reason == "ThresholdChanged" and e.at_s > after]
 
 
+def measured(r: Run) -> list[int | None]:
+    """The thresholds the operator set, the first calibration's decision on (before it, the
+    start value)."""
+    first = r.calibrations[0].decided_s
+    assert first is not None
+    return [p.threshold for p in r.thresholds if p.at_s >= first]
+
+
 def accepted(at_s: float, mean: float) -> dict[str, Any]:
     return {"kind": "acceptance", "at_s": at_s, "mean": mean, "spread": 0.0}
 
 
 def test_poorer_drafting_lowers_the_threshold() -> None:
     r = run(events=[accepted(200, 0.4)])
-    first, *_ = [p.threshold for p in r.thresholds if p.threshold is not None]
+    first = measured(r)[0]
     after = [c for c in r.calibrations if c.started_s > 200]
     assert after and after[0].trigger == "Traffic" and after[0].outcome == "ThresholdChanged"
     assert "acceptance rate moved" in next(
@@ -47,9 +55,13 @@ def test_a_raise_that_meets_poorer_drafting_is_rolled_back() -> None:
     """Drafting improves, the operator raises the threshold; the same run again with drafting
     turning poor one second before the raise lands: the goodput check sees decode throughput
     on the same batch mix fall and puts the lower threshold back. Same seed, no draws before
-    the turn: both runs are identical until it."""
+    the turn: both runs are identical until it. The start value is 24, where the first
+    calibration measures speculation not paying: batches below it still speculate and show
+    drafting improve (from 8, below every batch the pod runs, nothing would speculate)."""
     improving = [accepted(150, 0.7)]
-    base = {"acceptance": {"mean": 0.4, "spread": 0.0},
+    spec = copy.deepcopy(BASE["spec"])
+    spec["speculation"]["threshold"] = {"mode": "Auto", "value": 24}
+    base = {"acceptance": {"mean": 0.4, "spread": 0.0}, "spec": spec,
             "traffic": TRAFFIC | {"duration_s": 540}}  # fmt: skip
     kept = run(events=improving, **base)
     raised = next(e for e in kept.events if e.reason == "ThresholdChanged" and e.at_s > 150)
@@ -58,8 +70,7 @@ def test_a_raise_that_meets_poorer_drafting_is_rolled_back() -> None:
     after = [e for e in turned.events if e.at_s >= raised.at_s]
     assert [e.reason for e in after][:2] == ["ThresholdChanged", "RolledBack"]
     assert "decode throughput on the same batch mix fell" in after[1].message
-    lowered = next(p.threshold for p in kept.thresholds if p.threshold is not None)
-    assert turned.thresholds[-1].threshold == lowered
+    assert turned.thresholds[-1].threshold == 24
 
 
 def test_a_steady_load_keeps_its_threshold_through_every_recheck() -> None:
