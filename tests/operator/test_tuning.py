@@ -102,6 +102,19 @@ def test_manual_reaches_every_pod_whatever_its_sku_was_measured_at() -> None:
     assert "lease" not in pinned.config["speculation"]
 
 
+def test_auto_without_a_start_value_tells_the_engines_8_until_a_measurement() -> None:
+    """The first turn of an Auto deployment that gives no value: the ConfigMap and every
+    engine get 8 and the status says where it came from; Advisory tells them nothing new."""
+    t = tune("llm", spec(value=None), {}, 1, PODS, ROLLOUT, observe(0, window()), {}, LEASE)
+    assert t.config["speculation"]["threshold"] == 8
+    assert [e.threshold for e in t.engines] == [8, 8]
+    assert (t.status["threshold"]["current"], t.status["threshold"]["source"]) == (8, "Default")
+    advisory = spec("Advisory", None)
+    t = tune("llm", advisory, {}, 1, PODS, ROLLOUT, observe(0, window()), {}, LEASE)
+    assert t.config["speculation"]["threshold"] is None
+    assert [e.threshold for e in t.engines] == [None, None]
+
+
 def test_prometheus_down_is_reported_in_the_committed_conditions() -> None:
     t = tune("llm", spec(), {}, 1, PODS, ROLLOUT, observe(0, None, error="refused"), {}, LEASE)
     degraded = next(c for c in t.status["conditions"] if c["type"] == "Degraded")
