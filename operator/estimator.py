@@ -117,9 +117,10 @@ class Estimate:
     def floor(self) -> int | None:
         """For a curve that pays in no measured bucket: where its threshold turns speculation
         off, when that is above 1 (speculation still runs below it, unmeasured), else None."""
-        if self.crossover.status != "never_pays" or self.off_from <= 1:
+        if self.crossover.status != "never_pays":
             return None
-        return self.off_from
+        off = self.off_from
+        return off if off > 1 else None
 
     def agrees_with(self, threshold: int | None) -> bool:
         """Whether a one-sided measurement leaves `threshold` standing: a curve that pays in
