@@ -57,10 +57,14 @@ class Scheduler:
     def schedule_decode(self, lookahead: int) -> list[Sequence]:
         """Give every running seq room for its next token plus `lookahead` drafted ones."""
         scheduled: list[Sequence] = []
+        reserve, size = self.blocks.reserve, self.blocks.block_size
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            while not self.blocks.reserve(seq, len(seq) + lookahead):
+            if len(seq.block_table) * size >= len(seq.token_ids) + lookahead:
+                scheduled.append(seq)  # most steps: room in its last block (no call, as the
+                continue  # fleet simulator runs this for every sequence of every pod)
+            while not reserve(seq, len(seq.token_ids) + lookahead):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is seq:
