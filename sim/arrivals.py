@@ -19,7 +19,7 @@ from spectune.sim.scenario import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Arrival:
     at: float  # seconds after the run starts
     prompt_tokens: int

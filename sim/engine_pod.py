@@ -8,6 +8,9 @@ engine runs: the draft's catch-up (draft_lag), its first forward over the tokens
 seen, one forward per further drafted token, and the target's verify over 1 + k positions per
 sequence. The metric contract's series are kept as plain counters (metric, labels) -> value,
 what a scrape reads.
+
+A sequence's tokens are a `range` of its length: the simulator reads only lengths, and a list
+of zeros per token held a gigabyte of a 256-pod fleet's memory.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import NamedTuple
 from spectune.engine import contract as c
 from spectune.engine.block_manager import BlockManager, blocks_for
 from spectune.engine.device_time import LLAMA_1B, LLAMA_8B, Sku
-from spectune.engine.draft_lag import catch_up
+from spectune.engine.draft_lag import STEADY_LAG, catch_up
 from spectune.engine.gate import Decision, GateSettings, SpeculationGate
 from spectune.engine.request_timing import RequestTiming
 from spectune.engine.scheduler import Scheduler
@@ -59,7 +62,7 @@ class PodConfig:
     pause_iterations: int = 16
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """One request as the simulator follows it: arrival, lengths, its acceptance rate."""
 
@@ -77,7 +80,7 @@ class Request:
     slo_met: bool = False  # against its class's SLO
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tracked(Member):
     request: Request
     undelivered: int = 0
@@ -113,6 +116,19 @@ class Series:
 
 ITL_SUM = series_key(f"{c.INTER_TOKEN_LATENCY}_sum")
 ITL_COUNT = series_key(f"{c.INTER_TOKEN_LATENCY}_count")
+SPEC_DRAFTS = series_key(c.SPEC_DRAFTS)
+SPEC_DRAFT_TOKENS = series_key(c.SPEC_DRAFT_TOKENS)
+SPEC_ACCEPTED_TOKENS = series_key(c.SPEC_ACCEPTED_TOKENS)
+
+
+@cache
+def _draft_keys(batch: int) -> tuple[SeriesKey, ...]:
+    """The series one spec step's draft time adds to, by its batch size."""
+    bucket = str(c.batch_bucket(batch))
+    return tuple(
+        series_key(metric, batch=bucket)
+        for metric in (c.DRAFT_SECONDS, c.DRAFT_PREFILL_SECONDS, c.DRAFT_CATCHUP_SECONDS)
+    )
 
 
 @cache
@@ -208,7 +224,7 @@ class SimEngine:
             self.series.inc(c.REQUESTS, outcome="rejected")
             return False
         params = SamplingParams(max_tokens=output, ignore_eos=True)
-        seq = Sequence(self._next_id, [0] * prompt, prompt, params)
+        seq = Sequence(self._next_id, range(prompt), prompt, params)
         self._next_id += 1
         self._tracked[seq.seq_id] = Tracked(request, seq)
         self.scheduler.add(seq)
@@ -293,7 +309,7 @@ class SimEngine:
         return seconds
 
     def _start_run(self) -> PlainRun[Tracked]:
-        self._run = PlainRun(self.config.block_size, self.config.max_model_len)
+        self._run = PlainRun(self.config.block_size)
         for s in self.scheduler.running:
             self._run.join(self._tracked[s.seq_id])
         return self._run
@@ -314,18 +330,18 @@ class SimEngine:
         start = self.device.modelled
         self.device.charge_one_each(self.device.target, [len(s.token_ids) - 1 for s in seqs])
         seconds = self.device.modelled - start
-        at, limit, tracked = now + seconds, self.config.max_model_len, self._tracked
+        at, tracked = now + seconds, self._tracked
         gaps = 0.0
         for s in seqs:
-            ids = s.token_ids
-            ids.append(0)
+            length = len(s.token_ids) + 1
+            s.token_ids = range(length)
             s.plain_unread += 1
             t = tracked[s.seq_id]
             r = t.request
             assert r.last_token_at is not None
             gaps += at - r.last_token_at
             r.last_token_at = at
-            if len(ids) - s.prompt_len >= s.params.max_tokens or len(ids) >= limit:
+            if length == t.final:
                 self.scheduler.finish(s, "length")
                 self._finish(t, at)
         self.series.values[ITL_SUM] += gaps
@@ -336,103 +352,116 @@ class SimEngine:
         """One spec iteration from `now`, its seconds: the engine's forwards (the draft's
         catch-up, proposal and further drafted tokens, the target's verify over 1 + k positions
         each), then each sequence's accepted tokens committed and delivered when it ends, in
-        one loop as `_decode` does. The catch-up's seconds are kept out of the step's time."""
+        one loop as `_decode` does. The catch-up's seconds are kept out of the step's time.
+
+        Two passes over the batch, a third of the passes it took as one per forward (a fleet
+        speculating all hour spent its time here): the first sums what each forward reads
+        (this device scales no context, so a forward is its sums), the second draws and
+        commits. The verify's sums and the draft's forwards after its proposal are summed by
+        drafted count: the i-th of those feeds every sequence drafting more than i tokens its
+        i-th drafted token."""
         start = self.device.modelled
-        limit, most = self.config.max_model_len, self.config.k
+        most, draft = self.config.k, self.draft_model
+        members = [self._tracked[s.seq_id] for s in seqs]
         ks: list[int] = []  # drafted tokens per sequence: none while paused or finishing
-        positions = cached = attended = 0  # the verify forward's (this device scales nothing)
-        for s in seqs:
+        drafting = [0] * (most + 1)  # by k: the sequences drafting k tokens
+        lengths = [0] * (most + 1)  # and their lengths, summed
+        proposed = proposed_cached = proposed_attended = 0  # the draft's proposal's sums
+        behind: list[Sequence] = []  # a draft lagging past the steady state: caught up first
+        for m in members:
+            s = m.seq
             length = len(s.token_ids)
-            if s.take_pause():
-                k = 0
-            else:
-                remaining = s.params.max_tokens - length + s.prompt_len
-                k = max(0, min(most, remaining - 1, limit - length - 1))
+            k = 0 if s.take_pause() else min(most, m.final - length - 1)
             ks.append(k)
-            positions += 1 + k
-            cached += length - 1
-            attended += (1 + k) * (length - 1) + k * (k + 1) // 2
-        drafting = [(s, k) for s, k in zip(seqs, ks, strict=True) if k]
+            drafting[k] += 1
+            lengths[k] += length
+            if k and draft is not None:
+                seen = s.draft_cached
+                if length - seen > STEADY_LAG:
+                    behind.append(s)
+                    seen = length - 1
+                fed = length - seen  # the proposal feeds what the draft has not seen
+                proposed += fed
+                proposed_cached += seen
+                proposed_attended += fed * seen + fed * (fed - 1) // 2
         catchup = prefill = draft_seconds = 0.0
-        draft = self.draft_model
         if draft is not None:
-            drafted_seqs = [s for s, _ in drafting]
 
             def read(behind: list[Sequence]) -> None:
                 spans = [Span(range(len(s) - 1 - s.draft_cached), s.draft_cached) for s in behind]
                 self.device.charge(draft, spans)
 
-            bill = catch_up(drafted_seqs, read)
+            bill = catch_up(behind, read)
             prefill, catchup = bill.split(self.device.modelled - start)
             t1 = self.device.modelled
-            # propose: the tokens the draft has not seen, then one forward per drafted token
-            if drafted_seqs:  # nobody drafting (all paused or finishing): no forward
-                self.device.charge(
-                    draft,
-                    [Span(range(len(s) - s.draft_cached), s.draft_cached) for s in drafted_seqs],
-                )
-            for s in drafted_seqs:
-                s.draft_cached = len(s)
-                s.plain_unread = 0
-            for i in range(1, max(ks)):
-                active = [s for s, k in drafting if k > i]
-                self.device.charge_one_each(draft, [s.draft_cached for s in active])
-                for s in active:
-                    s.draft_cached += 1
+            if proposed:  # nobody drafting (all paused or finishing): no forward
+                self.device.charge_totals(draft, proposed, proposed_cached, proposed_attended)
+            for i in range(1, most):
+                count = sum(drafting[i + 1 :])
+                if count:
+                    self.device.charge_batch(draft, count, sum(lengths[i + 1 :]) + count * (i - 1))
             draft_seconds = self.device.modelled - t1
-        self.device.charge_totals(self.device.target, positions, cached, attended)
+        # the verify: 1 + k positions a sequence after its length - 1 cached tokens
+        self.device.charge_totals(
+            self.device.target,
+            sum((1 + k) * n for k, n in enumerate(drafting)),
+            sum(lengths) - len(seqs),
+            sum(
+                (1 + k) * (total - n) + n * k * (k + 1) // 2
+                for k, (n, total) in enumerate(zip(drafting, lengths, strict=True))
+            ),
+        )
         seconds = self.device.modelled - start
         at = now + seconds
-        draw, tracked = self.acceptance_draws.random, self._tracked
+        draw = self.acceptance_draws.random
         floor, pause = self.config.min_acceptance, self.config.pause_iterations
         committed = accepted = 0
         gaps = 0.0
-        for s, k in zip(seqs, ks, strict=True):
-            t = tracked[s.seq_id]
-            r = t.request
+        for m, k in zip(members, ks, strict=True):
+            s, r = m.seq, m.request
             acc = 0
             while acc < k and draw() < r.acceptance:
                 acc += 1
-            ids = s.token_ids
-            length = len(ids)
-            s.draft_cached = min(s.draft_cached, length + acc)
+            length = len(s.token_ids)
             if k:
+                if draft is not None:  # it has seen all but the last of what it drafted
+                    s.draft_cached = length + min(acc, k - 1)
+                    s.plain_unread = 0
                 s.record_acceptance(acc / k, floor, pause)
             accepted += acc
-            remaining = s.params.max_tokens - (length - s.prompt_len)
-            taken = min(acc + 1, remaining, limit - length)  # at least one: s is running
-            ids.extend([0] * taken)
-            committed += taken
+            # the accepted tokens and one more, fewer at its last token (at least one: s runs)
+            end = min(length + acc + 1, m.final)
+            s.token_ids = range(end)
+            committed += end - length
             assert r.last_token_at is not None  # its prefill's token, at least
             gaps += at - r.last_token_at
             r.last_token_at = at
-            if taken == remaining or length + taken >= limit:
+            if end == m.final:
                 self.scheduler.finish(s, "length")
-                self._finish(t, at)
-        values, bucket = self.series.values, str(c.batch_bucket(len(seqs)))
+                self._finish(m, at)
+        values = self.series.values
         values[ITL_SUM] += gaps
         values[ITL_COUNT] += committed
-        self.series.inc(c.DRAFT_SECONDS, draft_seconds, batch=bucket)
-        self.series.inc(c.DRAFT_PREFILL_SECONDS, prefill, batch=bucket)
-        self.series.inc(c.DRAFT_CATCHUP_SECONDS, catchup, batch=bucket)
-        self.series.inc(c.SPEC_DRAFTS, len(drafting))
-        self.series.inc(c.SPEC_DRAFT_TOKENS, sum(ks))
-        self.series.inc(c.SPEC_ACCEPTED_TOKENS, accepted)
+        drafted, prefilled, caught_up = _draft_keys(len(seqs))
+        values[drafted] += draft_seconds
+        values[prefilled] += prefill
+        values[caught_up] += catchup
+        values[SPEC_DRAFTS] += len(seqs) - drafting[0]
+        values[SPEC_DRAFT_TOKENS] += sum(ks)
+        values[SPEC_ACCEPTED_TOKENS] += accepted
         self._observe_step("spec", len(seqs), committed, seconds - catchup, explored)
         return seconds
 
-    def _commit(self, seq: Sequence, count: int) -> int:
-        """Append up to `count` tokens (max_tokens and the context bound them); the number
-        taken. A finished sequence leaves the batch and frees its blocks."""
-        length, limit = len(seq.token_ids), self.config.max_model_len
-        remaining = seq.params.max_tokens - (length - seq.prompt_len)
-        taken = min(count, remaining, limit - length)
-        seq.token_ids.extend([0] * taken)
-        if taken == remaining or length + taken >= limit:
-            self.scheduler.finish(seq, "length")
+    def _commit(self, seq: Sequence, count: int) -> None:
+        """Append up to `count` tokens (max_tokens bounds them), to deliver when the iteration
+        ends. A finished sequence leaves the batch and frees its blocks."""
         tracked = self._tracked[seq.seq_id]
-        tracked.undelivered += taken  # tokens to deliver at the iteration's end
-        return taken
+        length = len(seq.token_ids)
+        taken = min(count, tracked.final - length)
+        seq.token_ids = range(length + taken)
+        if length + taken == tracked.final:
+            self.scheduler.finish(seq, "length")
+        tracked.undelivered += taken
 
     def _deliver(self, seqs: list[Sequence], at: float) -> None:
         """Tokens reach clients when the iteration ends: TTFT, inter-token gaps, completions."""

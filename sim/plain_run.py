@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from spectune.engine.sequence import Sequence
@@ -31,7 +31,7 @@ class Streamed(Protocol):
     last_token_at: float | None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Member:
     """A running sequence in a run, and the request it serves (sim/engine_pod.py's Tracked)."""
 
@@ -40,6 +40,11 @@ class Member:
     synced: int = 0  # the run's count when its tokens were last written
     rank: int = 0  # its place in the running batch: members finish in the engine's order
     end: int = 0  # the run's iteration that gives it its last token
+    # its length with its last token (the simulator asks for no more than the context holds)
+    final: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.final = self.seq.prompt_len + self.seq.params.max_tokens
 
 
 M = TypeVar("M", bound=Member)
@@ -50,9 +55,8 @@ class PlainRun(Generic[M]):
     the iteration about to run is number `count`. Members come back as they joined (the
     engine's Tracked)."""
 
-    def __init__(self, block_size: int, max_model_len: int) -> None:
+    def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.max_model_len = max_model_len
         self.count = 0
         self.tokens = 0  # the members' lengths, summed: what the next iteration's forward reads
         self.last_end = 0.0  # when the last iteration ended: the members' last token but fresh
@@ -65,8 +69,7 @@ class PlainRun(Generic[M]):
         """A running sequence whose tokens are all written enters the run now."""
         seq = m.seq
         m.synced, m.rank = self.count, next(self._ranks)
-        last = min(seq.prompt_len + seq.params.max_tokens, self.max_model_len)
-        m.end = self.count + last - len(seq) - 1
+        m.end = self.count + m.final - len(seq) - 1
         self.tokens += len(seq)
         self.fresh.append(m)
         self._ends[m.end].append(m)
@@ -91,7 +94,7 @@ class PlainRun(Generic[M]):
         behind = self.count - m.synced
         if behind:
             seq = m.seq
-            seq.token_ids.extend([0] * behind)
+            seq.token_ids = range(len(seq.token_ids) + behind)
             seq.plain_unread += behind
             m.synced = self.count
             m.request.last_token_at = self.last_end
