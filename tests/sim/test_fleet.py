@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from spectune.engine.device_time import LLAMA_1B, LLAMA_8B, SKUS, Setting, analytic_crossover
+from spectune.sim.arrivals import arrivals, duration
+from spectune.sim.fleet import EPOCH, FleetSim
 from spectune.sim.results import Run
 from spectune.sim.run import simulate
 from tests.sim.support import scenario
@@ -94,3 +96,33 @@ def test_a_scale_up_adds_pods_that_serve_and_are_measured() -> None:
     assert run.windows[0].pods == pytest.approx(1, abs=0.2)
     assert run.windows[-1].pods == pytest.approx(3, abs=0.01)
     assert run.finished > 0.9 * run.requests
+
+
+def test_every_request_ends_in_exactly_one_window() -> None:
+    """Windows count the requests that arrived and ended in them (a window reads only the
+    requests still open at the last one's end and those that arrived since): over the run
+    every arrival is counted once, and every request that ended before the run did, once, in
+    the window it ended in. Overload with a short queue so that some are rejected, and
+    requests long enough to span windows."""
+    sc = scenario(
+        traffic={"rate": 12, "prompt_tokens": 256, "output_tokens": 600, "duration_s": 90},
+        fleet={"pools": [{"sku": "A100", "replicas": 1}], "startup_s": 0, "max_queue": 4,
+               "kv_cache_gib": 6},
+        window_s=20,
+    )  # fmt: skip
+    requests = arrivals(sc, 0)
+    sim = FleetSim(sc, "never", 0, requests, duration(sc, requests))
+    sim.run()
+    windows = sim.windows
+    assert [w.start_s for w in windows] == [0, 20, 40, 60, 80]
+    assert sum(w.arrivals for w in windows) == len(sim.requests)
+    ended = [r for r in sim.requests if r.done_at is not None and r.done_at - EPOCH < 90]
+    for outcome, counted in (("ok", "finished"), ("rejected", "rejected")):
+        by_window = [
+            sum(r.outcome == outcome for r in ended if 0 <= r.done_at - EPOCH - w.start_s < 20)
+            for w in windows
+        ]
+        assert [getattr(w, counted) for w in windows] == by_window
+        assert min(by_window[1:]) > 0, outcome  # each kind ends in every window but the first
+    assert sum(w.slo_met for w in windows) == sum(r.slo_met for r in ended)
+    assert len(ended) < len(sim.requests)  # some were still running when it ended
