@@ -273,13 +273,31 @@ def versus(groups: dict[str, list[Run]]) -> str:
     if best is not None:
         rows.append([f"best fixed in hindsight ({best[0]})", *_ratios(auto, groups[best[0]])])
     head = "## auto against the others, whole run (ratio of means over seeds)"
-    return f"{head}\n\n" + table(["auto / policy", "goodput", "decode tok/s"], rows)
+    note = (
+        "Paired: auto's goodput over the policy's in each seed (both served the same "
+        "arrivals), their mean and 95% interval: an interval reaching 1.000 does not tell "
+        "auto from the policy at these seeds."
+    )
+    header = ["auto / policy", "goodput", "goodput, paired per seed", "decode tok/s"]
+    return f"{head}\n\n{note}\n\n" + table(header, rows)
 
 
 def _ratios(auto: list[Run], other: list[Run]) -> list[str]:
-    """auto's mean over the other's, goodput then decode tokens/s."""
+    """auto's mean over the other's, goodput (and paired per seed) then decode tokens/s."""
     fields = ("goodput", "decode_tokens_per_s")
-    return [times(ratio(mean_of(auto, f), mean_of(other, f))) for f in fields]
+    good, tokens = (times(ratio(mean_of(auto, f), mean_of(other, f))) for f in fields)
+    return [good, paired(auto, other), tokens]
+
+
+def paired(auto: list[Run], other: list[Run]) -> str:
+    """auto's goodput over the other policy's seed by seed (seeds where the other served
+    any): mean [95% interval]."""
+    theirs = {r.seed: r.goodput for r in other}
+    s = stat(r.goodput / theirs[r.seed] for r in auto if theirs.get(r.seed))
+    b = s.bounds()
+    if b is None:
+        return "n/a" if s.n == 0 else f"{times(s.mean)} (1 seed)"
+    return f"{times(s.mean)} [{times(b[0])}, {times(b[1])}]"
 
 
 def mean_of(runs: list[Run], field: str) -> float:
