@@ -37,8 +37,9 @@ from spectune.sim.scenario import Policy, Scenario, parse_scenario
 def scenario(args: argparse.Namespace) -> Scenario:
     fleet = busy_h100(args.pods, args.copies, args.start, args.seconds)
     fleet["fleet"]["startup_s"] = 0  # busy from the start
+    window = args.window or args.seconds
     return parse_scenario(
-        fleet | {"name": "sim-speed", "policies": args.policies, "window_s": args.seconds}
+        fleet | {"name": "sim-speed", "policies": args.policies, "window_s": window}
     )
 
 
@@ -64,6 +65,7 @@ def main() -> int:
     p.add_argument("--start", type=float, default=1800.0, help="where in the trace to start (s)")
     p.add_argument("--seconds", type=float, default=60.0, help="of trace time")
     p.add_argument("--policies", nargs="+", default=["8", "always"])
+    p.add_argument("--window", type=float, help="report window (s; default: the whole run)")
     p.add_argument("--reps", type=int, default=1, help="runs per policy (and path)")
     p.add_argument("--reference", action="store_true", help="also time the per-iteration path")
     p.add_argument("--profile", type=int, default=0, metavar="N")
