@@ -154,7 +154,7 @@ class FleetSim:
             self._turn()  # the first turn writes the ConfigMap the pods start from
         self._reconcile(startup=0.0)  # the fleet is up when the run starts
         # the arrivals in order, each pushed when the one before it arrives: a 256-pod hour has
-        # 20 million, and a heap of them all took gigabytes and a deeper push for every
+        # 15 million, and a heap of them all took gigabytes and a deeper push for every
         # iteration. They keep the places in the order (for events at the same instant) that
         # pushing them all now would give.
         self._arriving = sum(1 for a in self.arrivals if a.at < self.duration)
