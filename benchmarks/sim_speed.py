@@ -8,6 +8,7 @@ engine's own per-iteration path (every sequence written every plain iteration), 
 so the ratio compares runs on the same machine at the same time; the two must agree (the
 simulator's tests hold them to the same metrics), and this prints whether their results did.
 `--profile N` prints the N functions with the most time of one more run of the first policy.
+Each run prints its progress to stderr every simulated minute, with the CPU seconds so far.
 
     .venv/bin/python benchmarks/sim_speed.py                          # 16 pods, 60 s
     .venv/bin/python benchmarks/sim_speed.py --pods 256 --seconds 30  # the 256-pod fleet
@@ -46,8 +47,15 @@ def scenario(args: argparse.Namespace) -> Scenario:
 def timed(
     sc: Scenario, policy: Policy, requests: list[Arrival], per_iteration: bool
 ) -> tuple[float, Run]:
-    """CPU seconds of one run, and the run."""
-    sim = FleetSim(sc, policy, 0, requests, duration(sc, requests), per_iteration=per_iteration)
+    """CPU seconds of one run, and the run; its progress to stderr each simulated minute, with
+    the CPU seconds so far (where in a long run the time goes)."""
+
+    def progress(done: float) -> None:
+        spent = time.process_time() - cpu
+        print(f"{policy}: {done:.0%} simulated, {spent:.0f} CPU s", file=sys.stderr)
+
+    seconds = duration(sc, requests)
+    sim = FleetSim(sc, policy, 0, requests, seconds, progress, per_iteration=per_iteration)
     cpu = time.process_time()
     sim.run()
     seconds = time.process_time() - cpu
