@@ -54,8 +54,8 @@ def timed(
         spent = time.process_time() - cpu
         print(f"{policy}: {done:.0%} simulated, {spent:.0f} CPU s", file=sys.stderr)
 
-    seconds = duration(sc, requests)
-    sim = FleetSim(sc, policy, 0, requests, seconds, progress, per_iteration=per_iteration)
+    length = duration(sc, requests)
+    sim = FleetSim(sc, policy, 0, requests, length, progress, per_iteration=per_iteration)
     cpu = time.process_time()
     sim.run()
     seconds = time.process_time() - cpu
