@@ -466,25 +466,59 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     steady = (obs.now - _time(cal.reachedAt)).total_seconds() if cal.reachedAt else 0.0
     shortest = min_window(window.scrape_interval)
     settled = steady >= max(shortest, RANGE_SETTLED_SHARE * window_s)
-    estimates = estimate_by_sku(window.steps, window.noise)
-    done = decided(window, estimates, settled, cal.exploreBelow)
-    if elapsed < shortest or (not done and elapsed < window_s):
+    if elapsed < shortest:
         return Step(state)
+    estimates = estimate_by_sku(window.steps, window.noise)
+    narrowed: tuple[Event, ...] = ()
+    if (below := narrowed_below(estimates, window.skus, cal.exploreBelow)) != cal.exploreBelow:
+        cal = cal.model_copy(update={"exploreBelow": below})
+        state = dataclasses.replace(state, calibration=cal)
+        narrowed = (Event("ExplorationNarrowed", _narrowing(estimates, below)),)
+    if not decided(window, estimates, settled, cal.exploreBelow) and elapsed < window_s:
+        return Step(state, narrowed)
     estimates = {k: e for k, e in estimates.items() if e.known}
     noisy = too_noisy(estimates)
     if noisy and elapsed < EXTENDED_WINDOWS * window_s:
         if elapsed < window_s or cal.extendedAt is not None:
-            return Step(state)
+            return Step(state, narrowed)
         cal = cal.model_copy(update={"extendedAt": _iso(obs.now)})
         why = f"{noisy}: exploring on, for up to {EXTENDED_WINDOWS * window_s} s in all"
         extended = dataclasses.replace(state, calibration=cal)
-        return Step(extended, (Event("CalibrationExtended", why),))
+        return Step(extended, (*narrowed, Event("CalibrationExtended", why)))
     if not estimates:
         if (past := past_range(window, cal.exploreBelow)) is not None:
             return _kept_past_range(state, obs, window, past)
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
     return _decide(spec, state, obs, window, estimates)
+
+
+def narrowed_below(
+    estimates: Mapping[str, Estimate], skus: Collection[str], below: int | None
+) -> int | None:
+    """The explored range's end once every SKU's speculation clearly loses from some batch
+    (`Estimate.loses_from`): the highest of those batches, where that is below `below` (None:
+    every batch); else `below`. Exploring speculation past it measures nothing the estimate
+    still needs, at the highest price an explored iteration has: 50% of a busy fleet's
+    iterations speculating at batch 88, far past its crossover, for the 40 s of its first
+    calibration cost 0.2% of its goodput over half an hour (spectune-sim)."""
+    froms = [estimates[sku].loses_from if sku in estimates else None for sku in skus]
+    if not froms or None in froms:
+        return below
+    top = max(b for b in froms if b is not None)
+    return top if below is None or top < below else below
+
+
+def _narrowing(estimates: Mapping[str, Estimate], below: int | None) -> str:
+    losses = []
+    for sku, e in sorted(estimates.items()):
+        if (p := e.losing) is not None:
+            se = p.speedup * e.noise.get(p.batch, 0.0)
+            losses.append(f"{sku}: speedup {p.speedup:.2f} +/- {se:.2f} at batch {p.batch}")
+    return (
+        f"speculation clearly loses from batch {below} ({'; '.join(losses)}): exploring it "
+        f"only below {below} from now"
+    )
 
 
 def past_range(window: FleetWindow, below: int | None) -> int | None:

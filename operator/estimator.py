@@ -114,6 +114,23 @@ class Estimate:
         return _off_from(self.curve, self.noise)
 
     @property
+    def loses_from(self) -> int | None:
+        """The batch from which speculation clearly loses, by the `losing` bucket
+        (`_loses_from`); None where no bucket clearly loses. Speedup falls as
+        the batch grows, so exploring speculation from there up measures nothing a crossover
+        or a bound still needs, at the highest price an explored iteration has."""
+        losing = self.losing
+        return None if losing is None else _loses_from(losing, self.noise)
+
+    @property
+    def losing(self) -> SpeedupPoint | None:
+        """The smallest measured bucket whose speedup is clearly below 1, or None."""
+        clear = (
+            p for p in self.curve if p.speedup < 1 and clearly_not_one(p, self.noise.get(p.batch))
+        )
+        return next(clear, None)
+
+    @property
     def floor(self) -> int | None:
         """For a curve that pays in no measured bucket: where its threshold turns speculation
         off, when that is above 1 (speculation still runs below it, unmeasured), else None."""
@@ -230,17 +247,22 @@ def estimate(
 
 def _off_from(curve: tuple[SpeedupPoint, ...], noise: Mapping[int, float]) -> int:
     """Where a curve that pays in no measured bucket turns speculation off: its first bucket, or
-    a lower bucket edge down to which its loss holds. A step's time grows at most in proportion
-    to its batch (a fixed cost plus one per sequence), so at batch b below m speedup is at most
-    m/b times its value at m: with the first bucket's speedup s (at its upper error) at mean
-    batch m, speculation pays at no batch from m x s up. (A saturated fleet's first calibration
-    measured batch 128 alone, speedup about 0.7, and asked for 128; once its load eased, its
-    pods speculated at 96-127: 0.86x a fixed threshold for two windows,
+    a lower bucket edge down to which its loss holds (`_loses_from`). (A saturated fleet's first
+    calibration measured batch 128 alone, speedup about 0.7, and asked for 128; once its load
+    eased, its pods speculated at 96-127: 0.86x a fixed threshold for two windows,
     examples/sim/saturated-start.yaml.)"""
-    first = curve[0]
-    se = first.speedup * noise.get(first.batch, assumed_noise(first))
-    loses_from = first.mean_batch * (first.speedup + CLEAR_Z * se)
-    return next((b for b in BATCH_BUCKETS if loses_from <= b < first.batch), first.batch)
+    return _loses_from(curve[0], noise)
+
+
+def _loses_from(point: SpeedupPoint, noise: Mapping[int, float]) -> int:
+    """The lowest batch at which a bucket's loss shows speculation losing: its bucket, or a
+    lower bucket edge. A step's time grows at most in proportion to its batch (a fixed cost plus
+    one per sequence), so at batch b below m speedup is at most m/b times its value at m: with
+    the bucket's speedup s (at its upper error) at mean batch m, speculation pays at no batch
+    from m x s up."""
+    se = point.speedup * noise.get(point.batch, assumed_noise(point))
+    loses_from = point.mean_batch * (point.speedup + CLEAR_Z * se)
+    return next((b for b in BATCH_BUCKETS if loses_from <= b < point.batch), point.batch)
 
 
 def estimate_by_sku(

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from spectune.engine.crossover import ModeStats, StatsByBucket
-from spectune.operator import autotune
+from spectune.operator import autotune, tuning
 from spectune.operator.autotune import (
     CALIBRATION_EXPLORATION_PERCENT,
     Observation,
@@ -101,8 +101,12 @@ def test_a_fresh_auto_deployment_calibrates_and_moves_to_the_crossover() -> None
 def test_the_window_ends_the_collection_even_when_buckets_lack_samples() -> None:
     s = spec()
     state = step(s, fresh(s), observe(0, window())).state
-    # batch 64 in 12% of the steps, nearly all of them speculating: never 20 plain ones
-    thin = curve(12) | {("spec", 64): ModeStats(300, 38400, 1), ("plain", 64): ModeStats(5, 320, 0)}
+    # batch 16 in 12% of the steps, nearly all of them speculating: never 20 plain ones (no
+    # bucket below it loses clearly, so the calibration waits for it)
+    thin = curve(12, buckets=BUCKETS[:7]) | {
+        ("spec", 16): ModeStats(300, 9600, 1),
+        ("plain", 16): ModeStats(5, 80, 0),
+    }
     waiting = step(s, state, observe(WINDOW - 1, window({H100: thin})))
     assert waiting.events == () and waiting.state.calibration.phase == "Exploring"
     done = step(s, state, observe(WINDOW, window({H100: thin})))
@@ -119,7 +123,9 @@ def test_a_calibration_too_noisy_to_decide_explores_on_then_decides() -> None:
 
     def measured(noise: float) -> FleetWindow:
         by_bucket = {(m, b): noise for m in ("spec", "plain") for b in BUCKETS}
-        return dataclasses.replace(window({H100: curve(12)}), noise={H100: by_bucket})
+        # up to 24: none of these buckets loses clearly at 6% noise, so exploring goes on there
+        stats = curve(12, buckets=BUCKETS[:-2])
+        return dataclasses.replace(window({H100: stats}), noise={H100: by_bucket})
 
     assert step(s, state, observe(30, measured(0.06))).events == ()  # within its window
     extended = step(s, state, observe(WINDOW, measured(0.06)))
@@ -638,7 +644,8 @@ def test_a_traffic_shift_explores_near_the_thresholds_in_force() -> None:
     assert exploring.calibration.trigger == "Traffic"
     assert exploring.calibration.exploreBelow == 48
     start = 4 * WINDOW
-    past = curve(12, buckets=(8, 12, 16)) | {("plain", 96): ModeStats(400, 400 * 96, 4.0)}
+    # crossing at 14: 0.96 at 16 is no clear loss, so exploring goes on up to 48
+    past = curve(14, buckets=(8, 12, 16)) | {("plain", 96): ModeStats(400, 400 * 96, 4.0)}
     thin = past | {("spec", 24): ModeStats(5, 240, 0.01), ("plain", 24): ModeStats(50, 1200, 0.1)}
     waits = step(s, exploring, observe(start + 20, window({H100: thin})))
     assert waits.events == () and waits.state.calibration.phase == "Exploring"
@@ -652,6 +659,36 @@ def test_a_traffic_shift_explores_near_the_thresholds_in_force() -> None:
     assert autotune.explore_below(always, reason, frozenset({H100})) is None
     assert autotune.explore_below(fresh(s), reason, frozenset()) == 16  # the start value, 4
     assert autotune.explore_below(fresh(s), dataclasses.replace(reason, near=False), {H100}) is None
+
+
+def test_a_calibration_stops_exploring_speculation_from_a_clear_loss_up() -> None:
+    """A first calibration explores every batch; a busy fleet at 32-64 loses clearly at 32
+    (speedup 0.61 a mode over 100 steps), which bounds speculation below 1 down to 24: from the
+    next turn the lease explores below 24 only, saying so once, while the range settles. It
+    never widens, and narrows only once every SKU the window holds loses clearly."""
+    s = spec()
+    exploring = step(s, fresh(s), observe(0, window())).state
+    assert exploring.calibration.exploreBelow is None
+    busy = window({H100: curve(6, buckets=(32, 48, 64))})
+    narrowed = step(s, exploring, observe(20, busy))
+    assert narrowed.state.calibration.phase == "Exploring"
+    assert narrowed.state.calibration.exploreBelow == 24
+    assert reasons(narrowed) == ["ExplorationNarrowed"]
+    assert narrowed.events[0].message == (
+        f"speculation clearly loses from batch 24 ({H100}: speedup 0.61 +/- 0.01 at batch 32): "
+        "exploring it only below 24 from now"
+    )
+    lease = tuning.exploration_lease(narrowed.state, T0 + timedelta(seconds=20), 60)
+    assert lease is not None and lease["below"] == 24
+    again = step(s, narrowed.state, observe(30, busy))
+    assert again.events == () and again.state.calibration.exploreBelow == 24
+    shift = exploring.calibration.model_copy(update={"exploreBelow": 16})  # a shift's
+    kept = step(s, dataclasses.replace(exploring, calibration=shift), observe(20, busy))
+    assert kept.events == () and kept.state.calibration.exploreBelow == 16
+    pods = {"e-0": H100, "e-1": L4}
+    two = window({H100: curve(6, buckets=(32, 48, 64)), L4: curve(96, buckets=(32, 48))}, pods)
+    both = step(s, exploring, observe(20, two))
+    assert both.events == () and both.state.calibration.exploreBelow is None
 
 
 def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new_traffic() -> None:

@@ -138,6 +138,32 @@ def test_speculation_that_never_pays_says_so() -> None:
     assert from_one.floor is None  # nothing smaller is left to measure
 
 
+def test_the_smallest_clear_loss_marks_where_exploring_speculation_stops() -> None:
+    """A100 at acceptance 0.5 crosses near batch 44: from the smallest bucket whose loss is
+    clear, speculation loses at every batch up (the roofline agrees), past the crossover, so
+    exploring stops where nothing is left to find. A curve that pays everywhere, or whose loss
+    is within its noise, marks nothing."""
+    s = setting("A100", acceptance=0.5)
+    buckets = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+    est = estimate("A100", synthetic(s, random.Random(7), buckets=buckets))
+    losing, start = est.losing, est.loses_from
+    assert losing is not None and start is not None
+    assert losing.speedup < 1 and clearly_not_one(losing, est.noise[losing.batch])
+    assert analytic_crossover(s) <= start <= losing.batch
+    assert all(s.speedup(b) < 1 for b in BATCH_BUCKETS if start <= b <= 128)
+    below = [p for p in est.curve if p.batch < losing.batch]
+    assert below and all(
+        p.speedup >= 1 or not clearly_not_one(p, est.noise[p.batch]) for p in below
+    )
+    paying = estimate("H100", synthetic(setting("H100", 0.9), random.Random(7), buckets=(2, 4)))
+    assert paying.crossover.status == "always_pays" and paying.loses_from is None
+    close = {  # 0.97 over 20 steps a mode: within three standard errors of 1
+        ("plain", 64): ModeStats(20, 20 * 70, 0.2),
+        ("spec", 64): ModeStats(20, 20 * 70 * 0.97, 0.2),
+    }
+    assert estimate("H100", close).loses_from is None
+
+
 def test_a_large_loss_turns_speculation_off_below_the_first_bucket_too() -> None:
     """A saturated fleet's window measures bucket 128 alone, where speculation loses by far
     (H100 at acceptance 0.44: the roofline crosses near batch 20). A step's time grows at most
