@@ -522,7 +522,9 @@ class CalibrationStatus(BaseModel):
         None,
         description="past the threshold, this calibration explores speculation only at batches "
         "below this: a traffic shift moves the crossover by a bounded factor, so it is measured "
-        "near the thresholds in force, not at batches far past them; null: at every batch",
+        "near the thresholds in force, not at batches far past them, and once speculation "
+        "clearly loses at a measured batch on every SKU it loses from there up; null: at every "
+        "batch",
     )
     baseline: Baseline | None = None
 
