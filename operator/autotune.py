@@ -466,16 +466,15 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     steady = (obs.now - _time(cal.reachedAt)).total_seconds() if cal.reachedAt else 0.0
     shortest = min_window(window.scrape_interval)
     settled = steady >= max(shortest, RANGE_SETTLED_SHARE * window_s)
-    if elapsed < shortest:
-        return Step(state)
     estimates = estimate_by_sku(window.steps, window.noise)
     narrowed: tuple[Event, ...] = ()
     if (below := narrowed_below(estimates, window.skus, cal.exploreBelow)) != cal.exploreBelow:
         cal = cal.model_copy(update={"exploreBelow": below})
         state = dataclasses.replace(state, calibration=cal)
         narrowed = (Event("ExplorationNarrowed", _narrowing(estimates, below)),)
-    if not decided(window, estimates, settled, cal.exploreBelow) and elapsed < window_s:
-        return Step(state, narrowed)
+    done = decided(window, estimates, settled, cal.exploreBelow)
+    if elapsed < shortest or (not done and elapsed < window_s):
+        return Step(state, narrowed)  # narrowed on any read: a clear loss is clear
     estimates = {k: e for k, e in estimates.items() if e.known}
     noisy = too_noisy(estimates)
     if noisy and elapsed < EXTENDED_WINDOWS * window_s:

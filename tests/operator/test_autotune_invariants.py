@@ -284,8 +284,11 @@ def test_the_shortest_window_is_two_scrapes() -> None:
     two_seconds_in = T0 + timedelta(seconds=2)
     assert window_seconds(s, exploring, two_seconds_in) == autotune.MIN_WINDOW_SECONDS
     assert window_seconds(s, exploring, two_seconds_in, interval=30.0) == 60
-    # a calibration 45 s in at a 30 s interval has not yet two scrapes: it goes on exploring
+    # a calibration 45 s in at a 30 s interval has not yet two scrapes: it decides nothing and
+    # goes on exploring, though no longer where speculation already loses clearly
     long = spec(calibrationWindowSeconds=240)  # 8 scrapes at 30 s
     state = step(long, fresh(long), observe(0, window(interval=30.0))).state
     early = step(long, state, observe(45, window({H100: curve(12)}, interval=30.0)))
-    assert early.state.calibration.phase == "Exploring" and early.events == ()
+    assert early.state.calibration.phase == "Exploring"
+    assert [e.reason for e in early.events] == ["ExplorationNarrowed"]
+    assert early.state.threshold == state.threshold
