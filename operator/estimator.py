@@ -115,10 +115,10 @@ class Estimate:
 
     @property
     def loses_from(self) -> int | None:
-        """The batch from which speculation clearly loses, by the `losing` bucket
-        (`_loses_from`); None where no bucket clearly loses. Speedup falls as
-        the batch grows, so exploring speculation from there up measures nothing a crossover
-        or a bound still needs, at the highest price an explored iteration has."""
+        """The batch from which speculation clearly loses, by the `losing` bucket (`_loses_from`);
+        None where no bucket clearly loses. Speedup falls as the batch grows, so exploring
+        speculation from there up measures nothing a crossover or a bound still needs, at the
+        highest price an explored iteration has."""
         losing = self.losing
         return None if losing is None else _loses_from(losing, self.noise)
 
