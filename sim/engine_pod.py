@@ -31,6 +31,7 @@ from spectune.engine.scheduler import Scheduler
 from spectune.engine.sequence import SamplingParams, Sequence, Status
 from spectune.engine.simulated_device import SimulatedDevice
 from spectune.sim.plain_run import Member, PlainRun
+from spectune.sim.spec_run import SpecRun
 
 Labels = tuple[tuple[str, str], ...]
 HISTOGRAMS = (c.TIME_TO_FIRST_TOKEN, c.INTER_TOKEN_LATENCY, c.E2E_REQUEST_LATENCY)
@@ -43,6 +44,16 @@ class Span(NamedTuple):
 
     tokens: range
     start: int
+
+
+class SpecBill(NamedTuple):
+    """A spec iteration's draft seconds apart from the verify's: the catch-up's share owed to
+    the draft's prefill, its share missed while speculation was off, and the draft's own
+    forwards."""
+
+    prefill: float
+    catchup: float
+    draft: float
 
 
 @dataclass(frozen=True)
@@ -146,8 +157,8 @@ def _step_keys(mode: str, batch: int, explored: bool) -> tuple[SeriesKey, ...]:
 class SimEngine:
     """A pod's engine. `step(now)` runs one iteration starting at virtual time `now` and
     returns its modelled seconds (None: nothing to run); the caller advances the clock.
-    `per_iteration`: every plain iteration writes every sequence, as the engine does (the
-    reference for the run that writes them only when read, sim/plain_run.py)."""
+    `per_iteration`: every iteration writes every sequence, as the engine does (the reference
+    for the runs that write them only when read, sim/plain_run.py and sim/spec_run.py)."""
 
     def __init__(
         self,
@@ -160,7 +171,8 @@ class SimEngine:
         self.name = name
         self.config = config
         self.per_iteration = per_iteration
-        self._run: PlainRun[Tracked] | None = None  # the plain iterations since another kind
+        self._run: PlainRun[Tracked] | SpecRun[Tracked] | None = None  # the iterations of one
+        # kind since another kind
         self.device = SimulatedDevice(config.sku, hold=False)
         self.draft_model = LLAMA_1B if config.method == "draft" else None
         per_token = LLAMA_8B.kv_bytes_per_token + (
@@ -246,19 +258,20 @@ class SimEngine:
             if self._run is not None:
                 for s in seqs:
                     if s.status is Status.RUNNING:
-                        self._run.join(self._tracked[s.seq_id])
+                        self._join(self._tracked[s.seq_id])
         elif self.scheduler.running:
             decision = (
                 self.gate.decide(len(self.scheduler.running))
                 if self.config.method != "none"
                 else Decision(False, False)
             )
-            if not decision.speculate and not self.per_iteration:
-                seconds = self._plain_run(now, decision.explored)
+            speculate = decision.speculate
+            if not self.per_iteration:
+                run = self._spec_run if speculate else self._plain_run
+                seconds = run(now, decision.explored)
                 if seconds is not None:
                     return seconds
             self._dissolve()
-            speculate = decision.speculate
             seqs = self.scheduler.schedule_decode(lookahead=self.config.k if speculate else 0)
             if not seqs:
                 return None
@@ -283,7 +296,7 @@ class SimEngine:
         """A plain iteration from `now` through the run (sim/plain_run.py), its seconds; None
         and nothing run when the KV blocks its members need now are short (the engine's
         scheduler preempts then, per sequence)."""
-        run = self._run or self._start_run()
+        run = self._run if isinstance(self._run, PlainRun) else self._start_plain_run()
         blocks = self.scheduler.blocks
         needing = run.needing_blocks()
         if len(needing) > blocks.num_free:
@@ -308,18 +321,61 @@ class SimEngine:
         self._observe_step("plain", n, n, seconds, explored)
         return seconds
 
-    def _start_run(self) -> PlainRun[Tracked]:
-        self._run = PlainRun(self.config.block_size)
+    def _start_plain_run(self) -> PlainRun[Tracked]:
+        self._dissolve()
+        run: PlainRun[Tracked] = PlainRun(self.config.block_size)
+        self._run = run
         for s in self.scheduler.running:
-            self._run.join(self._tracked[s.seq_id])
-        return self._run
+            run.join(self._tracked[s.seq_id])
+        return run
+
+    def _spec_run(self, now: float, explored: bool) -> float | None:
+        """A spec iteration from `now` through the run (sim/spec_run.py), its seconds; None
+        and nothing run when the KV blocks its members need now are short (the engine's
+        scheduler preempts then, per sequence)."""
+        run = self._run if isinstance(self._run, SpecRun) else self._start_spec_run()
+        if not run.reserve(self.scheduler.blocks):
+            return None
+        start = self.device.modelled
+        n, drafting = len(run.members), run.drafting
+        proposal = run.proposal() if self.draft_model is not None else (0, 0, 0)
+        bill = self._spec_forwards(drafting, run.lengths, proposal, run.caught_up(), start)
+        seconds = self.device.modelled - start
+        at = now + seconds
+        floor, pause = self.config.min_acceptance, self.config.pause_iterations
+        done, committed, accepted, gaps = run.commit(at, self.acceptance_draws.random, floor, pause)
+        for m in done:
+            self.scheduler.finish(m.seq, "length")
+            self._finish(m, at)
+        self._spec_books(n, drafting, committed, accepted, gaps, bill, seconds, explored)
+        return seconds
+
+    def _start_spec_run(self) -> SpecRun[Tracked]:
+        self._dissolve()
+        run: SpecRun[Tracked] = SpecRun(
+            self.config.k, self.draft_model is not None, self.config.block_size
+        )
+        self._run = run
+        for s in self.scheduler.running:
+            t = self._tracked[s.seq_id]
+            run.join(t, t.request.acceptance)
+        return run
+
+    def _join(self, t: Tracked) -> None:
+        """A prefilled sequence joins the run of whichever kind is on."""
+        if isinstance(self._run, SpecRun):
+            self._run.join(t, t.request.acceptance)
+        elif self._run is not None:
+            self._run.join(t)
 
     def _dissolve(self) -> None:
-        """End the run before another kind of iteration: every member's tokens written."""
-        if self._run is not None:
+        """End the run before another kind of iteration: every member's fields written."""
+        if isinstance(self._run, PlainRun):
             for s in self.scheduler.running:
                 self._run.sync(self._tracked[s.seq_id])
-            self._run = None
+        elif self._run is not None:
+            self._run.dissolve()
+        self._run = None
 
     def _decode(self, seqs: list[Sequence], now: float) -> float:
         """A plain iteration from `now` as the engine runs it, its seconds: one token for each
@@ -349,17 +405,13 @@ class SimEngine:
         return seconds
 
     def _speculate(self, seqs: list[Sequence], now: float, explored: bool) -> float:
-        """One spec iteration from `now`, its seconds: the engine's forwards (the draft's
-        catch-up, proposal and further drafted tokens, the target's verify over 1 + k positions
-        each), then each sequence's accepted tokens committed and delivered when it ends, in
-        one loop as `_decode` does. The catch-up's seconds are kept out of the step's time.
+        """One spec iteration from `now` as the engine runs it, its seconds: the engine's
+        forwards (`_spec_forwards`), then each sequence's accepted tokens committed and
+        delivered when it ends, in one loop as `_decode` does (the reference `per_iteration`
+        runs, and the iteration that preempts).
 
-        Two passes over the batch, a third of the passes it took as one per forward (a fleet
-        speculating all hour spent its time here): the first sums what each forward reads
-        (this device scales no context, so a forward is its sums), the second draws and
-        commits. The verify's sums and the draft's forwards after its proposal are summed by
-        drafted count: the i-th of those feeds every sequence drafting more than i tokens its
-        i-th drafted token."""
+        Two passes over the batch: the first sums what each forward reads (this device scales
+        no context, so a forward is its sums), the second draws and commits."""
         start = self.device.modelled
         most, draft = self.config.k, self.draft_model
         members = [self._tracked[s.seq_id] for s in seqs]
@@ -384,33 +436,8 @@ class SimEngine:
                 proposed += fed
                 proposed_cached += seen
                 proposed_attended += fed * seen + fed * (fed - 1) // 2
-        catchup = prefill = draft_seconds = 0.0
-        if draft is not None:
-
-            def read(behind: list[Sequence]) -> None:
-                spans = [Span(range(len(s) - 1 - s.draft_cached), s.draft_cached) for s in behind]
-                self.device.charge(draft, spans)
-
-            bill = catch_up(behind, read)
-            prefill, catchup = bill.split(self.device.modelled - start)
-            t1 = self.device.modelled
-            if proposed:  # nobody drafting (all paused or finishing): no forward
-                self.device.charge_totals(draft, proposed, proposed_cached, proposed_attended)
-            for i in range(1, most):
-                count = sum(drafting[i + 1 :])
-                if count:
-                    self.device.charge_batch(draft, count, sum(lengths[i + 1 :]) + count * (i - 1))
-            draft_seconds = self.device.modelled - t1
-        # the verify: 1 + k positions a sequence after its length - 1 cached tokens
-        self.device.charge_totals(
-            self.device.target,
-            sum((1 + k) * n for k, n in enumerate(drafting)),
-            sum(lengths) - len(seqs),
-            sum(
-                (1 + k) * (total - n) + n * k * (k + 1) // 2
-                for k, (n, total) in enumerate(zip(drafting, lengths, strict=True))
-            ),
-        )
+        proposal = (proposed, proposed_cached, proposed_attended)
+        bill = self._spec_forwards(drafting, lengths, proposal, behind, start)
         seconds = self.device.modelled - start
         at = now + seconds
         draw = self.acceptance_draws.random
@@ -439,18 +466,76 @@ class SimEngine:
             if end == m.final:
                 self.scheduler.finish(s, "length")
                 self._finish(m, at)
+        self._spec_books(len(seqs), drafting, committed, accepted, gaps, bill, seconds, explored)
+        return seconds
+
+    def _spec_forwards(
+        self,
+        drafting: list[int],
+        lengths: list[int],
+        proposal: tuple[int, int, int],
+        behind: list[Sequence],
+        start: float,
+    ) -> SpecBill:
+        """Charge a spec iteration's forwards: the draft's catch-up of `behind`, its proposal
+        (`proposal`: positions, cached and attended tokens summed), one forward per further
+        drafted token, and the target's verify over 1 + k positions a sequence after its
+        length - 1 cached tokens. `drafting[k]` sequences draft k tokens, their lengths
+        summing to `lengths[k]`: the i-th forward after the proposal feeds every sequence
+        drafting more than i tokens its i-th drafted token. `start`: the clock when the
+        iteration began."""
+        most, draft = self.config.k, self.draft_model
+        catchup = prefill = draft_seconds = 0.0
+        if draft is not None:
+
+            def read(behind: list[Sequence]) -> None:
+                spans = [Span(range(len(s) - 1 - s.draft_cached), s.draft_cached) for s in behind]
+                self.device.charge(draft, spans)
+
+            bill = catch_up(behind, read)
+            prefill, catchup = bill.split(self.device.modelled - start)
+            t1 = self.device.modelled
+            if proposal[0]:  # nobody drafting (all paused or finishing): no forward
+                self.device.charge_totals(draft, *proposal)
+            for i in range(1, most):
+                count = sum(drafting[i + 1 :])
+                if count:
+                    self.device.charge_batch(draft, count, sum(lengths[i + 1 :]) + count * (i - 1))
+            draft_seconds = self.device.modelled - t1
+        self.device.charge_totals(
+            self.device.target,
+            sum((1 + k) * n for k, n in enumerate(drafting)),
+            sum(lengths) - sum(drafting),
+            sum(
+                (1 + k) * (total - n) + n * k * (k + 1) // 2
+                for k, (n, total) in enumerate(zip(drafting, lengths, strict=True))
+            ),
+        )
+        return SpecBill(prefill, catchup, draft_seconds)
+
+    def _spec_books(
+        self,
+        batch: int,
+        drafting: list[int],
+        committed: int,
+        accepted: int,
+        gaps: float,
+        bill: SpecBill,
+        seconds: float,
+        explored: bool,
+    ) -> None:
+        """A spec iteration's series; the catch-up's seconds are kept out of the step's time."""
         values = self.series.values
         values[ITL_SUM] += gaps
         values[ITL_COUNT] += committed
-        drafted, prefilled, caught_up = _draft_keys(len(seqs))
-        values[drafted] += draft_seconds
-        values[prefilled] += prefill
-        values[caught_up] += catchup
-        values[SPEC_DRAFTS] += len(seqs) - drafting[0]
-        values[SPEC_DRAFT_TOKENS] += sum(ks)
+        drafted, prefilled, caught_up = _draft_keys(batch)
+        values[drafted] += bill.draft
+        values[prefilled] += bill.prefill
+        values[caught_up] += bill.catchup
+        values[SPEC_DRAFTS] += batch - drafting[0]
+        values[SPEC_DRAFT_TOKENS] += sum(k * n for k, n in enumerate(drafting))
         values[SPEC_ACCEPTED_TOKENS] += accepted
-        self._observe_step("spec", len(seqs), committed, seconds - catchup, explored)
-        return seconds
+        self._observe_step("spec", batch, committed, seconds - bill.catchup, explored)
 
     def _commit(self, seq: Sequence, count: int) -> None:
         """Append up to `count` tokens (max_tokens bounds them), to deliver when the iteration
