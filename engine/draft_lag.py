@@ -45,11 +45,12 @@ class CatchUp:
         return seconds * self.owed / self.fed, seconds * self.missed / self.fed
 
 
-def _owed(seq: Sequence) -> int:
-    """Of the tokens a catch-up feeds `seq`, those it would feed had no plain iteration run:
-    with them uncommitted the lag is shorter by `plain_unread`, and within the steady lag
-    the first drafting forward reads it at no forward of its own."""
-    without = len(seq) - 1 - seq.draft_cached - seq.plain_unread
+def owed(length: int, draft_cached: int, plain_unread: int) -> int:
+    """Of the tokens a catch-up feeds a sequence of `length` tokens (a Sequence's fields, as
+    the fleet simulator may hold them apart from it), those it would feed had no plain
+    iteration run: with them uncommitted the lag is shorter by `plain_unread`, and within the
+    steady lag the first drafting forward reads it at no forward of its own."""
+    without = length - 1 - draft_cached - plain_unread
     return without if without >= STEADY_LAG else 0
 
 
@@ -63,7 +64,7 @@ def catch_up(seqs: list[Sequence], read: Callable[[list[Sequence]], None]) -> Ca
         return CatchUp()
     read(behind)
     fed = sum(len(s) - 1 - s.draft_cached for s in behind)
-    owed = sum(_owed(s) for s in behind)
+    owing = sum(owed(len(s), s.draft_cached, s.plain_unread) for s in behind)
     for s in behind:
         s.draft_cached = len(s) - 1
-    return CatchUp(owed, fed - owed)
+    return CatchUp(owing, fed - owing)

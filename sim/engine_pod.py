@@ -18,13 +18,13 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from typing import NamedTuple
 
 from spectune.engine import contract as c
 from spectune.engine.block_manager import BlockManager, blocks_for
 from spectune.engine.device_time import LLAMA_1B, LLAMA_8B, Sku
-from spectune.engine.draft_lag import STEADY_LAG, catch_up
+from spectune.engine.draft_lag import STEADY_LAG, CatchUp, catch_up
 from spectune.engine.gate import Decision, GateSettings, SpeculationGate
 from spectune.engine.request_timing import RequestTiming
 from spectune.engine.scheduler import Scheduler
@@ -336,10 +336,14 @@ class SimEngine:
         run = self._run if isinstance(self._run, SpecRun) else self._start_spec_run()
         if not run.reserve(self.scheduler.blocks):
             return None
-        start = self.device.modelled
+        start, draft = self.device.modelled, self.draft_model
         n, drafting = len(run.members), run.drafting
-        proposal = run.proposal() if self.draft_model is not None else (0, 0, 0)
-        bill = self._spec_forwards(drafting, run.lengths, proposal, run.caught_up(), start)
+        if draft is None:
+            caught_up, proposal = CatchUp(), (0, 0, 0)
+        else:
+            caught_up = run.catch_up(partial(self.device.charge_totals, draft))
+            proposal = run.proposal()
+        bill = self._spec_forwards(drafting, run.lengths, proposal, caught_up, start)
         seconds = self.device.modelled - start
         at = now + seconds
         floor, pause = self.config.min_acceptance, self.config.pause_iterations
@@ -436,8 +440,16 @@ class SimEngine:
                 proposed += fed
                 proposed_cached += seen
                 proposed_attended += fed * seen + fed * (fed - 1) // 2
+        caught_up = CatchUp()
+        if draft is not None:
+
+            def read(behind: list[Sequence]) -> None:
+                spans = [Span(range(len(s) - 1 - s.draft_cached), s.draft_cached) for s in behind]
+                self.device.charge(draft, spans)
+
+            caught_up = catch_up(behind, read)
         proposal = (proposed, proposed_cached, proposed_attended)
-        bill = self._spec_forwards(drafting, lengths, proposal, behind, start)
+        bill = self._spec_forwards(drafting, lengths, proposal, caught_up, start)
         seconds = self.device.modelled - start
         at = now + seconds
         draw = self.acceptance_draws.random
@@ -474,33 +486,31 @@ class SimEngine:
         drafting: list[int],
         lengths: list[int],
         proposal: tuple[int, int, int],
-        behind: list[Sequence],
+        caught_up: CatchUp,
         start: float,
     ) -> SpecBill:
-        """Charge a spec iteration's forwards: the draft's catch-up of `behind`, its proposal
-        (`proposal`: positions, cached and attended tokens summed), one forward per further
-        drafted token, and the target's verify over 1 + k positions a sequence after its
-        length - 1 cached tokens. `drafting[k]` sequences draft k tokens, their lengths
-        summing to `lengths[k]`: the i-th forward after the proposal feeds every sequence
-        drafting more than i tokens its i-th drafted token. `start`: the clock when the
-        iteration began."""
+        """Charge a spec iteration's forwards after the draft's catch-up (`caught_up`, charged
+        since `start`, when the iteration began): the draft's proposal (`proposal`: positions,
+        cached and attended tokens summed), one forward per further drafted token, and the
+        target's verify over 1 + k positions a sequence after its length - 1 cached tokens.
+        `drafting[k]` sequences draft k tokens, their lengths summing to `lengths[k]`: the
+        i-th forward after the proposal feeds every sequence drafting more than i tokens its
+        i-th drafted token."""
         most, draft = self.config.k, self.draft_model
         catchup = prefill = draft_seconds = 0.0
         if draft is not None:
-
-            def read(behind: list[Sequence]) -> None:
-                spans = [Span(range(len(s) - 1 - s.draft_cached), s.draft_cached) for s in behind]
-                self.device.charge(draft, spans)
-
-            bill = catch_up(behind, read)
-            prefill, catchup = bill.split(self.device.modelled - start)
+            prefill, catchup = caught_up.split(self.device.modelled - start)
             t1 = self.device.modelled
             if proposal[0]:  # nobody drafting (all paused or finishing): no forward
                 self.device.charge_totals(draft, *proposal)
+            count = sum(drafting[2:])  # drafting more than i tokens, from i = 1
+            tokens = sum(lengths[2:])
             for i in range(1, most):
-                count = sum(drafting[i + 1 :])
-                if count:
-                    self.device.charge_batch(draft, count, sum(lengths[i + 1 :]) + count * (i - 1))
+                if not count:
+                    break
+                self.device.charge_batch(draft, count, tokens + count * (i - 1))
+                count -= drafting[i + 1]
+                tokens -= lengths[i + 1]
             draft_seconds = self.device.modelled - t1
         self.device.charge_totals(
             self.device.target,

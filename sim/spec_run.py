@@ -4,11 +4,13 @@ while a pod speculates.
 A speculating pod drafts, verifies and commits every sequence of its batch every iteration;
 doing that through the engine's objects (the scheduler's KV check per sequence, a length kept
 as a range, the pause and acceptance methods, two passes over the batch) was most of a fleet's
-time when it speculated all hour. A run keeps what a spec iteration reads and writes of each
-member (its length, KV room, pause, acceptance estimate, the draft's cache) on a record of its
-own, and plans the next iteration in the pass that commits this one. The Sequence is written
+time when it speculated all hour. A run keeps what a spec iteration reads and writes of its
+members (their lengths, KV room, pauses, acceptance estimates, the draft's caches) in flat
+arrays, one slot a member in the batch's order, and plans the next iteration in the pass that
+commits this one. Flat: a 256-pod fleet's members, each an object of its own with its numbers
+scattered over the heap, took three times as long a member as one pod's, the cache cold for
+each pod's turn. The Sequence is written
 only when something else reads it:
-- a draft catch-up (engine/draft_lag.py reads the sequence);
 - its last token (it leaves the batch);
 - any other kind of iteration, or one that preempts, before which the run ends
   (SimEngine._dissolve writes every member).
@@ -23,97 +25,88 @@ two to the same results.
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from spectune.engine.block_manager import BlockManager, blocks_for
-from spectune.engine.draft_lag import STEADY_LAG
-from spectune.engine.sequence import Sequence
+from spectune.engine.block_manager import BlockManager
+from spectune.engine.draft_lag import STEADY_LAG, CatchUp, owed
 from spectune.sim.plain_run import Member
 
 M = TypeVar("M", bound=Member)
 
 
-@dataclass(eq=False, slots=True)
-class State(Generic[M]):
-    """What a spec iteration reads and writes of one member, the Sequence's fields while the
-    run holds them, and `k`: what it drafts in the next iteration."""
-
-    member: M
-    seq: Sequence
-    final: int
-    rate: float  # its request's chance to accept a drafted token
-    length: int
-    room: int  # the tokens its KV blocks hold
-    paused: int
-    acceptance: float
-    draft_cached: int
-    k: int = 0
-
-
 class SpecRun(Generic[M]):
     """The running batch through consecutive spec iterations of `k` drafted tokens (of a draft
-    model with `draft`, else n-grams). The plan for the next iteration: `drafting[k]` members
-    draft k tokens, their lengths summing to `lengths[k]`; `fed_two` of the drafting members
-    (their lengths summing to `fed_two_lengths`) feed the draft's proposal two tokens; `behind`
-    lag past the steady state (a catch-up first); `needing` need KV blocks first."""
+    model with `draft`, else n-grams). Member i's Sequence fields while the run holds them:
+    `length[i]`, `room[i]` (the tokens its KV blocks hold), `paused[i]`, `acceptance[i]`,
+    `draft_cached[i]`; `k[i]`: what it drafts in the next iteration. The plan for that
+    iteration: `drafting[k]` members draft k tokens, their lengths summing to `lengths[k]`;
+    `fed_two` of the drafting members (their lengths summing to `fed_two_lengths`) feed the
+    draft's proposal two tokens; `behind` (indices) lag past the steady state (a catch-up
+    first); `needing` (indices) need KV blocks first."""
 
     def __init__(self, k: int, draft: bool, block_size: int) -> None:
         self.most, self.draft, self.block_size = k, draft, block_size
-        self.members: list[State[M]] = []
-        self.fresh: list[State[M]] = []  # joined since the last iteration: their own last token
-        self.unread: list[State[M]] = []  # plain_unread to clear when they next draft
+        self.members: list[M] = []
+        self.rate = array("d")  # its request's chance to accept a drafted token
+        self.final = array("q")
+        self.length = array("q")
+        self.room = array("q")
+        self.acceptance = array("d")
+        self.draft_cached = array("q")
+        self.paused: list[int] = []  # small ints (shared objects): a list is quicker
+        self.k: list[int] = []
+        self.fresh = 0  # the last members, joined since the last iteration: their own last token
+        self.unread: list[int] = []  # plain_unread to clear when they next draft
         self.last_end = 0.0  # when the last iteration ended: the members' last token but fresh
         self.drafting = [0] * (k + 1)
         self.lengths = [0] * (k + 1)
         self.fed_two = self.fed_two_lengths = 0
-        self.behind: list[State[M]] = []
-        self.needing: list[State[M]] = []
+        self.behind: list[int] = []
+        self.needing: list[int] = []
 
     def join(self, m: M, rate: float) -> None:
         """A running sequence whose fields are all written enters the run now."""
-        seq = m.seq
-        s = State(
-            m,
-            seq,
-            m.final,
-            rate,
-            len(seq),
-            len(seq.block_table) * self.block_size,
-            seq.paused_iterations,
-            seq.acceptance,
-            seq.draft_cached,
-        )
-        self.members.append(s)
-        self.fresh.append(s)
+        seq, i = m.seq, len(self.members)
+        length, final, paused, seen = len(seq), m.final, seq.paused_iterations, seq.draft_cached
+        room = len(seq.block_table) * self.block_size
+        self.members.append(m)
+        self.rate.append(rate)
+        self.final.append(final)
+        self.length.append(length)
+        self.room.append(room)
+        self.acceptance.append(seq.acceptance)
+        self.draft_cached.append(seen)
+        self.paused.append(paused)
+        self.fresh += 1
         if self.draft and seq.plain_unread:
-            self.unread.append(s)
-        k = 0 if s.paused else min(self.most, s.final - s.length - 1)
-        s.k = k
+            self.unread.append(i)
+        k = 0 if paused else min(self.most, final - length - 1)
+        self.k.append(k)
         self.drafting[k] += 1
-        self.lengths[k] += s.length
+        self.lengths[k] += length
         if k and self.draft:
-            lag = s.length - s.draft_cached
+            lag = length - seen
             if lag > STEADY_LAG:
-                self.behind.append(s)
+                self.behind.append(i)
             elif lag == 2:
                 self.fed_two += 1
-                self.fed_two_lengths += s.length
-        if s.length + self.most > s.room:
-            self.needing.append(s)
+                self.fed_two_lengths += length
+        if length + self.most > room:
+            self.needing.append(i)
 
     def reserve(self, blocks: BlockManager) -> bool:
         """Give the members that need it room for their next token and k drafted ones, in the
-        batch's order as the scheduler does; False (and nothing reserved) when the free blocks
-        are short (the scheduler preempts then)."""
+        batch's order as the scheduler does; False at the first whose blocks are short (the
+        scheduler preempts then, and finds those before it with the room given here)."""
         most, size = self.most, self.block_size
-        need = sum(blocks_for(s.length + most, size) - len(s.seq.block_table) for s in self.needing)
-        if need > blocks.num_free:
-            return False
-        for s in self.needing:
-            blocks.reserve(s.seq, s.length + most)
-            s.room = len(s.seq.block_table) * size
+        for i in self.needing:
+            seq = self.members[i].seq
+            if not blocks.reserve(seq, self.length[i] + most):
+                return False
+            self.room[i] = len(seq.block_table) * size
         self.needing = []
         return True
 
@@ -125,16 +118,23 @@ class SpecRun(Generic[M]):
         fed = count + self.fed_two
         return fed, total - fed, total + self.fed_two_lengths - count - 2 * self.fed_two
 
-    def caught_up(self) -> list[Sequence]:
-        """The lagging members' sequences, their length and draft cache written for the
-        catch-up to read (and move on)."""
-        seqs = []
-        for s in self.behind:
-            seq = s.seq
-            seq.token_ids = range(s.length)
-            seq.draft_cached = s.draft_cached
-            seqs.append(seq)
-        return seqs
+    def catch_up(self, read: Callable[[int, int, int], None]) -> CatchUp:
+        """The draft's catch-up of the lagging members, as engine/draft_lag.py's catch_up
+        books it: `read(positions, cached, attended)` charges its one forward, which feeds
+        each its tokens after `draft_cached` but the newest. Their draft cache moves when they
+        commit."""
+        if not self.behind:
+            return CatchUp()
+        positions = cached = attended = owing = 0
+        for i in self.behind:
+            length, seen = self.length[i], self.draft_cached[i]
+            fed = length - 1 - seen
+            positions += fed
+            cached += seen
+            attended += fed * seen + fed * (fed - 1) // 2
+            owing += owed(length, seen, self.members[i].seq.plain_unread)
+        read(positions, cached, attended)
+        return CatchUp(owing, positions - owing)
 
     def commit(
         self, at: float, draw: Callable[[], float], floor: float, pause: int
@@ -145,91 +145,112 @@ class SpecRun(Generic[M]):
         iteration. Returns the members that got their last token (written, in the batch's
         order), the tokens committed, the drafted tokens accepted and the inter-token gaps
         summed in the batch's order (as the engine adds them)."""
+        lengths_now, finals, ks, pauses = self.length, self.final, self.k, self.paused
         if self.unread:
-            for s in self.unread:
-                if s.k:
-                    s.seq.plain_unread = 0
-            self.unread = [s for s in self.unread if not s.k and s.final - s.length > 1]
-        members, most, draft = self.members, self.most, self.draft
+            for i in self.unread:
+                if ks[i]:
+                    self.members[i].seq.plain_unread = 0
+            self.unread = [i for i in self.unread if not ks[i] and finals[i] - lengths_now[i] > 1]
+        most, draft = self.most, self.draft
+        acceptances, seens, rooms = self.acceptance, self.draft_cached, self.room
         drafting, lengths = [0] * (most + 1), [0] * (most + 1)
         fed_two = fed_two_lengths = committed = accepted = 0
-        behind: list[State[M]] = []
-        needing: list[State[M]] = []
-        done: list[State[M]] = []
-        lasts = [self.last_end] * (len(members) - len(self.fresh))
-        for s in self.fresh:
-            assert s.member.request.last_token_at is not None  # its prefill's token, at least
-            lasts.append(s.member.request.last_token_at)
+        behind: list[int] = []
+        needing: list[int] = []
+        done: list[int] = []
+        n = len(ks)
+        lasts = [self.last_end] * (n - self.fresh)
+        for m in self.members[n - self.fresh :]:
+            assert m.request.last_token_at is not None  # its prefill's token, at least
+            lasts.append(m.request.last_token_at)
         gaps = 0.0
-        for s, last in zip(members, lasts, strict=True):
+        i = -1
+        for k, length, rate, final, last in zip(
+            ks, lengths_now, self.rate, finals, lasts, strict=True
+        ):
+            i += 1
             gaps += at - last
-            k, length = s.k, s.length
             if k:
                 acc = 0
-                rate = s.rate
                 while acc < k and draw() < rate:
                     acc += 1
                 accepted += acc
-                acceptance = 0.7 * s.acceptance + 0.3 * (acc / k)
+                acceptance = 0.7 * acceptances[i] + 0.3 * (acc / k)
+                paused = 0
                 if acceptance < floor:
-                    s.paused = pause
+                    pauses[i] = paused = pause
                     acceptance = 0.5
-                s.acceptance = acceptance
+                acceptances[i] = acceptance
                 if draft:  # it has seen all but the last of what it drafted
-                    s.draft_cached = length + acc if acc < k else length + k - 1
+                    seens[i] = length + acc if acc < k else length + k - 1
                 end = length + acc + 1  # at most final: k left room for one more
             else:
-                if s.paused:
-                    s.paused -= 1
+                paused = pauses[i]
+                if paused:
+                    pauses[i] = paused = paused - 1
                 end = length + 1
             committed += end - length
-            s.length = end
-            if end == s.final:
-                done.append(s)
+            lengths_now[i] = end
+            if end == final:
+                done.append(i)
                 continue
             # the next iteration, as the engine's first pass would find it
-            if s.paused:
+            if paused:
                 k = 0
             else:
-                k = s.final - end - 1
+                k = final - end - 1
                 if k > most:
                     k = most
-            s.k = k
+            ks[i] = k
             drafting[k] += 1
             lengths[k] += end
             if k and draft:
-                lag = end - s.draft_cached
+                lag = end - seens[i]
                 if lag > STEADY_LAG:
-                    behind.append(s)
+                    behind.append(i)
                 elif lag == 2:
                     fed_two += 1
                     fed_two_lengths += end
-            if end + most > s.room:
-                needing.append(s)
+            if end + most > rooms[i]:
+                needing.append(i)
         self.drafting, self.lengths = drafting, lengths
         self.fed_two, self.fed_two_lengths = fed_two, fed_two_lengths
+        self.last_end, self.fresh = at, 0
         self.behind, self.needing = behind, needing
-        self.last_end = at
-        self.fresh = []
-        for s in done:
-            members.remove(s)
-            self._write(s)
-            s.member.request.last_token_at = at
-        return [s.member for s in done], committed, accepted, gaps
+        finished = [self._write(i) for i in done]
+        for m in finished:
+            m.request.last_token_at = at
+        if done:
+            self._remove(done)
+        return finished, committed, accepted, gaps
 
     def dissolve(self) -> None:
         """Write every member's fields, the last token of those that ran streamed when the
         run's last iteration ended."""
-        ran = len(self.members) - len(self.fresh)
-        for i, s in enumerate(self.members):
-            self._write(s)
+        ran = len(self.members) - self.fresh
+        for i in range(len(self.members)):
+            m = self._write(i)
             if i < ran:
-                s.member.request.last_token_at = self.last_end
+                m.request.last_token_at = self.last_end
 
-    @staticmethod
-    def _write(s: State[M]) -> None:
-        seq = s.seq
-        seq.token_ids = range(s.length)
-        seq.paused_iterations = s.paused
-        seq.acceptance = s.acceptance
-        seq.draft_cached = s.draft_cached
+    def _write(self, i: int) -> M:
+        m = self.members[i]
+        seq = m.seq
+        seq.token_ids = range(self.length[i])
+        seq.paused_iterations = self.paused[i]
+        seq.acceptance = self.acceptance[i]
+        seq.draft_cached = self.draft_cached[i]
+        return m
+
+    def _remove(self, done: list[int]) -> None:
+        """Drop the finished members (`done`, ascending) from every array, and move the later
+        members' indices in the plan down to match."""
+        for i in reversed(done):
+            for column in (
+                self.members, self.rate, self.final, self.length, self.room,
+                self.acceptance, self.draft_cached, self.paused, self.k,
+            ):  # fmt: skip
+                del column[i]
+        for plan in (self.behind, self.needing, self.unread):
+            if plan:
+                plan[:] = [i - bisect(done, i) for i in plan]
