@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import cache
 from typing import NamedTuple
 
 from spectune.engine import contract as c
@@ -49,11 +49,12 @@ class Span(NamedTuple):
 class SpecBill(NamedTuple):
     """A spec iteration's draft seconds apart from the verify's: the catch-up's share owed to
     the draft's prefill, its share missed while speculation was off, and the draft's own
-    forwards."""
+    forwards; and the tokens drafted."""
 
     prefill: float
     catchup: float
     draft: float
+    drafted: int
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,9 @@ class SimEngine:
         if draft is None:
             caught_up, proposal = CatchUp(), (0, 0, 0)
         else:
-            caught_up = run.catch_up(partial(self.device.charge_totals, draft))
+            caught_up, forward = run.catch_up()
+            if caught_up.fed:
+                self.device.charge_totals(draft, *forward)
             proposal = run.proposal()
         bill = self._spec_forwards(drafting, run.lengths, proposal, caught_up, start)
         seconds = self.device.modelled - start
@@ -512,16 +515,14 @@ class SimEngine:
                 count -= drafting[i + 1]
                 tokens -= lengths[i + 1]
             draft_seconds = self.device.modelled - t1
-        self.device.charge_totals(
-            self.device.target,
-            sum((1 + k) * n for k, n in enumerate(drafting)),
-            sum(lengths) - sum(drafting),
-            sum(
-                (1 + k) * (total - n) + n * k * (k + 1) // 2
-                for k, (n, total) in enumerate(zip(drafting, lengths, strict=True))
-            ),
-        )
-        return SpecBill(prefill, catchup, draft_seconds)
+        batch = tokens = drafted = attended = 0  # one pass: the fleet runs millions of these
+        for k, (n, total) in enumerate(zip(drafting, lengths, strict=True)):
+            batch += n
+            tokens += total
+            drafted += k * n
+            attended += (1 + k) * (total - n) + n * k * (k + 1) // 2
+        self.device.charge_totals(self.device.target, batch + drafted, tokens - batch, attended)
+        return SpecBill(prefill, catchup, draft_seconds, drafted)
 
     def _spec_books(
         self,
@@ -543,7 +544,7 @@ class SimEngine:
         values[prefilled] += bill.prefill
         values[caught_up] += bill.catchup
         values[SPEC_DRAFTS] += batch - drafting[0]
-        values[SPEC_DRAFT_TOKENS] += sum(k * n for k, n in enumerate(drafting))
+        values[SPEC_DRAFT_TOKENS] += bill.drafted
         values[SPEC_ACCEPTED_TOKENS] += accepted
         self._observe_step("spec", batch, committed, seconds - bill.catchup, explored)
 

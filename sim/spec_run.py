@@ -118,13 +118,11 @@ class SpecRun(Generic[M]):
         fed = count + self.fed_two
         return fed, total - fed, total + self.fed_two_lengths - count - 2 * self.fed_two
 
-    def catch_up(self, read: Callable[[int, int, int], None]) -> CatchUp:
+    def catch_up(self) -> tuple[CatchUp, tuple[int, int, int]]:
         """The draft's catch-up of the lagging members, as engine/draft_lag.py's catch_up
-        books it: `read(positions, cached, attended)` charges its one forward, which feeds
-        each its tokens after `draft_cached` but the newest. Their draft cache moves when they
+        books it, and its one forward's positions, cached and attended tokens: it feeds each
+        its tokens after `draft_cached` but the newest. Their draft cache moves when they
         commit."""
-        if not self.behind:
-            return CatchUp()
         positions = cached = attended = owing = 0
         for i in self.behind:
             length, seen = self.length[i], self.draft_cached[i]
@@ -133,8 +131,7 @@ class SpecRun(Generic[M]):
             cached += seen
             attended += fed * seen + fed * (fed - 1) // 2
             owing += owed(length, seen, self.members[i].seq.plain_unread)
-        read(positions, cached, attended)
-        return CatchUp(owing, positions - owing)
+        return CatchUp(owing, positions - owing), (positions, cached, attended)
 
     def commit(
         self, at: float, draw: Callable[[], float], floor: float, pause: int
@@ -152,7 +149,7 @@ class SpecRun(Generic[M]):
                     self.members[i].seq.plain_unread = 0
             self.unread = [i for i in self.unread if not ks[i] and finals[i] - lengths_now[i] > 1]
         most, draft = self.most, self.draft
-        acceptances, seens, rooms = self.acceptance, self.draft_cached, self.room
+        acceptances, seens = self.acceptance, self.draft_cached
         drafting, lengths = [0] * (most + 1), [0] * (most + 1)
         fed_two = fed_two_lengths = committed = accepted = 0
         behind: list[int] = []
@@ -165,8 +162,8 @@ class SpecRun(Generic[M]):
             lasts.append(m.request.last_token_at)
         gaps = 0.0
         i = -1
-        for k, length, rate, final, last in zip(
-            ks, lengths_now, self.rate, finals, lasts, strict=True
+        for k, length, rate, final, room, estimate, last in zip(
+            ks, lengths_now, self.rate, finals, self.room, acceptances, lasts, strict=True
         ):
             i += 1
             gaps += at - last
@@ -175,20 +172,27 @@ class SpecRun(Generic[M]):
                 while acc < k and draw() < rate:
                     acc += 1
                 accepted += acc
-                acceptance = 0.7 * acceptances[i] + 0.3 * (acc / k)
+                acceptance = 0.7 * estimate + 0.3 * (acc / k)
                 paused = 0
                 if acceptance < floor:
                     pauses[i] = paused = pause
                     acceptance = 0.5
                 acceptances[i] = acceptance
-                if draft:  # it has seen all but the last of what it drafted
-                    seens[i] = length + acc if acc < k else length + k - 1
+                if acc < k:  # the draft has seen all but the last of what it drafted
+                    lag = 1
+                    seen = length + acc
+                else:
+                    lag = 2
+                    seen = length + k - 1
+                if draft:
+                    seens[i] = seen
                 end = length + acc + 1  # at most final: k left room for one more
             else:
                 paused = pauses[i]
                 if paused:
                     pauses[i] = paused = paused - 1
                 end = length + 1
+                lag = end - seens[i]
             committed += end - length
             lengths_now[i] = end
             if end == final:
@@ -205,13 +209,12 @@ class SpecRun(Generic[M]):
             drafting[k] += 1
             lengths[k] += end
             if k and draft:
-                lag = end - seens[i]
                 if lag > STEADY_LAG:
                     behind.append(i)
                 elif lag == 2:
                     fed_two += 1
                     fed_two_lengths += end
-            if end + most > rooms[i]:
+            if end + most > room:
                 needing.append(i)
         self.drafting, self.lengths = drafting, lengths
         self.fed_two, self.fed_two_lengths = fed_two, fed_two_lengths
