@@ -4,7 +4,7 @@ H100 pods serve copies of the Azure trace's busy half hour (about 21 requests/s 
 copies a pod: running batches of 100 and more, past the issue's "batch 32 or more"), at each
 policy asked for. Each run is timed in CPU seconds of the simulation alone (the scenario's
 arrivals drawn, the report not written). With `--reference` every run is repeated on the
-engine's own per-iteration path (every sequence written every plain iteration), alternating,
+engine's own per-iteration path (every sequence written every iteration), alternating,
 so the ratio compares runs on the same machine at the same time; the two must agree (the
 simulator's tests hold them to the same metrics), and this prints whether their results did.
 `--profile N` prints the N functions with the most time of one more run of the first policy.

@@ -172,8 +172,8 @@ class SimEngine:
         self.name = name
         self.config = config
         self.per_iteration = per_iteration
-        self._run: PlainRun[Tracked] | SpecRun[Tracked] | None = None  # the iterations of one
-        # kind since another kind
+        # the iterations of one kind (plain or spec) since another kind
+        self._run: PlainRun[Tracked] | SpecRun[Tracked] | None = None
         self.device = SimulatedDevice(config.sku, hold=False)
         self.draft_model = LLAMA_1B if config.method == "draft" else None
         per_token = LLAMA_8B.kv_bytes_per_token + (
