@@ -9,8 +9,7 @@ members (their lengths, KV room, pauses, acceptance estimates, the draft's cache
 arrays, one slot a member in the batch's order, and plans the next iteration in the pass that
 commits this one. Flat: a 256-pod fleet's members, each an object of its own with its numbers
 scattered over the heap, took three times as long a member as one pod's, the cache cold for
-each pod's turn. The Sequence is written
-only when something else reads it:
+each pod's turn. The Sequence is written only when something else reads it:
 - its last token (it leaves the batch);
 - any other kind of iteration, or one that preempts, before which the run ends
   (SimEngine._dissolve writes every member).
