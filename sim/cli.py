@@ -72,7 +72,7 @@ def parser() -> Parser:
     run.add_argument(
         "--per-iteration",
         action="store_true",
-        help="write every sequence every plain iteration, as the engine does (slower: the "
+        help="write every sequence every iteration, as the engine does (slower: the "
         "reference the default is held to)",
     )
     split = sub.add_parser(

@@ -1,12 +1,15 @@
 """The scenario the simulator tests start from: one simulated A100 pod, a draft model with
-k=4, 0.7 acceptance per drafted token, 60 s calibration windows, 5 s scrapes and no dwell."""
+k=4, 0.7 acceptance per drafted token, 60 s calibration windows, 5 s scrapes and no dwell; and
+a scenario run the fast paths' way or the engine's, for the tests that hold one to the other."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from spectune.sim.scenario import Scenario, parse_scenario
+from spectune.sim.arrivals import arrivals, duration
+from spectune.sim.fleet import FleetSim
+from spectune.sim.scenario import Policy, Scenario, parse_scenario
 
 BASE: dict[str, Any] = {
     "name": "t",
@@ -29,3 +32,12 @@ BASE: dict[str, Any] = {
 def scenario(**changes: Any) -> Scenario:
     """BASE with top-level keys replaced."""
     return parse_scenario(copy.deepcopy(BASE) | changes)
+
+
+def simulated(sc: Scenario, policy: Policy, per_iteration: bool) -> FleetSim:
+    """`sc` run under `policy` (seed 0), the fast paths' way or (`per_iteration`) the
+    engine's."""
+    requests = arrivals(sc, 0)
+    sim = FleetSim(sc, policy, 0, requests, duration(sc, requests), per_iteration=per_iteration)
+    sim.run()
+    return sim

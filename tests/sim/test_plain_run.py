@@ -10,17 +10,8 @@ from typing import Any
 
 import pytest
 
-from spectune.sim.arrivals import arrivals, duration
-from spectune.sim.fleet import FleetSim
-from spectune.sim.scenario import Policy, Scenario
-from tests.sim.support import scenario
-
-
-def simulated(sc: Scenario, policy: Policy, per_iteration: bool) -> FleetSim:
-    requests = arrivals(sc, 0)
-    sim = FleetSim(sc, policy, 0, requests, duration(sc, requests), per_iteration=per_iteration)
-    sim.run()
-    return sim
+from spectune.sim.scenario import Policy
+from tests.sim.support import scenario, simulated
 
 
 def same(fast: Any, reference: Any, where: str = "") -> None:

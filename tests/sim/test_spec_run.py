@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.sim.support import BASE, scenario
-from tests.sim.test_plain_run import simulated
+from tests.sim.support import BASE, scenario, simulated
 
 DRAFT = BASE["spec"]["speculation"]
 NGRAM = {"method": "ngram", "numSpeculativeTokens": 3}
