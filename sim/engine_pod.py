@@ -16,6 +16,7 @@ of zeros per token held a gigabyte of a 256-pod fleet's memory.
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cache
@@ -115,17 +116,30 @@ class Series:
     def set(self, metric: str, value: float, **labels: str) -> None:
         self.values[series_key(metric, **labels)] = value
 
-    def observe(self, metric: str, value: float, buckets: tuple[float, ...] = ()) -> None:
-        """A histogram observation: _sum, _count and, with `buckets`, cumulative _bucket."""
-        self.inc(f"{metric}_sum", value)
-        self.inc(f"{metric}_count")
-        for bound in buckets:
-            if value <= bound:
-                self.inc(f"{metric}_bucket", le=str(bound))
-        if buckets:
-            self.inc(f"{metric}_bucket", le="+Inf")
+    def observe(self, histogram: Histogram, value: float) -> None:
+        """A histogram observation: _sum, _count and, with buckets, cumulative _bucket."""
+        values = self.values
+        values[histogram.total] += value
+        values[histogram.count] += 1.0
+        if histogram.buckets:  # every bucket from the first whose bound holds `value`
+            for key in histogram.buckets[bisect_left(histogram.bounds, value) :]:
+                values[key] += 1.0
 
 
+class Histogram:
+    """A histogram's series, built once rather than per observation (every request's end
+    observes one): _sum, _count, and with `bounds` (ascending) a _bucket each and +Inf."""
+
+    def __init__(self, metric: str, bounds: tuple[float, ...] = ()) -> None:
+        self.total = series_key(f"{metric}_sum")
+        self.count = series_key(f"{metric}_count")
+        self.bounds = bounds
+        les = (*map(str, bounds), "+Inf") if bounds else ()
+        self.buckets = tuple(series_key(f"{metric}_bucket", le=le) for le in les)
+
+
+TTFT = Histogram(c.TIME_TO_FIRST_TOKEN)
+E2E = Histogram(c.E2E_REQUEST_LATENCY, c.LATENCY_BUCKETS)
 ITL_SUM = series_key(f"{c.INTER_TOKEN_LATENCY}_sum")
 ITL_COUNT = series_key(f"{c.INTER_TOKEN_LATENCY}_count")
 SPEC_DRAFTS = series_key(c.SPEC_DRAFTS)
@@ -569,7 +583,7 @@ class SimEngine:
             if count:
                 if r.first_token_at is None:
                     r.first_token_at = at
-                    self.series.observe(c.TIME_TO_FIRST_TOKEN, at - r.arrival)
+                    self.series.observe(TTFT, at - r.arrival)
                 else:
                     gaps += at - (r.last_token_at or at)
                     tokens += count
@@ -590,7 +604,7 @@ class SimEngine:
         r.slo_met = timing.meets(*r.slo) if r.slo is not None else met
         self.series.inc(c.REQUESTS, outcome="ok")
         self.series.inc(c.PROMPT_TOKENS, tracked.seq.prompt_len)
-        self.series.observe(c.E2E_REQUEST_LATENCY, timing.e2e, c.LATENCY_BUCKETS)
+        self.series.observe(E2E, timing.e2e)
         if met:
             self.series.inc(c.REQUESTS_SLO_MET)
 
