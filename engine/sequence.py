@@ -10,6 +10,13 @@ if TYPE_CHECKING:  # torch-free at run time: the fleet simulator schedules seque
     import torch
 
 
+# How a sequence tracks its drafts' acceptance (`Sequence.record_acceptance`): the share of its
+# estimate kept and of the latest rate taken at each drafting iteration, and the estimate a
+# paused sequence retries from. The fleet simulator's spec runs track it in their own arrays.
+ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN = 0.7, 0.3
+RETRY_ACCEPTANCE = 0.5
+
+
 class InvalidRequest(ValueError):
     """A request the engine refuses (bad parameters, prompt over the context)."""
 
@@ -73,10 +80,10 @@ class Sequence:
     def record_acceptance(self, rate: float, floor: float, pause: int) -> None:
         """Track recent acceptance; below `floor`, stop drafting for this sequence for
         `pause` of its iterations, then retry from a neutral estimate."""
-        self.acceptance = 0.7 * self.acceptance + 0.3 * rate
+        self.acceptance = ACCEPTANCE_KEPT * self.acceptance + ACCEPTANCE_TAKEN * rate
         if self.acceptance < floor:
             self.paused_iterations = pause
-            self.acceptance = 0.5
+            self.acceptance = RETRY_ACCEPTANCE
 
     def take_pause(self) -> bool:
         """True (and one pause iteration used up) while speculation is paused for this sequence."""

@@ -31,6 +31,7 @@ from typing import Generic, TypeVar
 
 from spectune.engine.block_manager import BlockManager
 from spectune.engine.draft_lag import STEADY_LAG, CatchUp, owed
+from spectune.engine.sequence import ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN, RETRY_ACCEPTANCE
 from spectune.sim.plain_run import Member
 
 M = TypeVar("M", bound=Member)
@@ -149,6 +150,7 @@ class SpecRun(Generic[M]):
             self.unread = [i for i in self.unread if not ks[i] and finals[i] - lengths_now[i] > 1]
         most, draft = self.most, self.draft
         acceptances, seens = self.acceptance, self.draft_cached
+        kept, taken, retry = ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN, RETRY_ACCEPTANCE
         drafting, lengths = [0] * (most + 1), [0] * (most + 1)
         fed_two = fed_two_lengths = committed = accepted = 0
         behind: list[int] = []
@@ -171,11 +173,11 @@ class SpecRun(Generic[M]):
                 while acc < k and draw() < rate:
                     acc += 1
                 accepted += acc
-                acceptance = 0.7 * estimate + 0.3 * (acc / k)
+                acceptance = kept * estimate + taken * (acc / k)  # as Sequence.record_acceptance
                 paused = 0
                 if acceptance < floor:
                     pauses[i] = paused = pause
-                    acceptance = 0.5
+                    acceptance = retry
                 acceptances[i] = acceptance
                 if acc < k:  # the draft has seen all but the last of what it drafted
                     lag = 1
