@@ -105,7 +105,7 @@ def main() -> int:
             batch = statistics.mean(w.mean_running for w in run.windows)
             each = ", ".join(f"{s:.1f}" for s in cpu[path])
             print(
-                f"| {policy} | {'per iteration' if path else 'plain runs'} | {batch:.0f} | "
+                f"| {policy} | {'per iteration' if path else 'runs'} | {batch:.0f} | "
                 f"{hours:.2f} | {median:.1f} ({each}) | {hours / (median / 60):.2f} | "
                 f"{args.pods * median / hours / 60:.1f} min |"
             )
@@ -115,7 +115,7 @@ def main() -> int:
                 exclude={"wall_seconds"}
             )
             print(
-                f"\n{policy}: plain runs / per iteration {ratio:.2f}x the CPU; results "
+                f"\n{policy}: runs / per iteration {ratio:.2f}x the CPU; results "
                 f"{'identical' if agree else 'DIFFER (floats may, in their last digits)'}\n"
             )
     if args.profile:
