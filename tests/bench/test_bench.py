@@ -27,7 +27,8 @@ def test_small_sweep_writes_a_valid_report(tiny_pair, tmp_path: Path, capsys) ->
         ["bench", "--model", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--device", "cpu",
          "--batch-sizes", "1,2,4", "--iterations", "4", "--concurrency", "1,4",
          "--requests", "8", "--output-tokens", "uniform:8-24", "--out", str(out),
-         "--stop-after", "0"]  # every size: a busy CPU may time speculation losing at 1 and 2
+         "--stop-after", "0",  # every size: a busy CPU may time speculation losing at 1 and 2
+         "--duration-s", "900"]  # every request sent: a busy CPU sent 6 of 8 within 120 s
     )  # fmt: skip
     assert code == 0
     stdout = capsys.readouterr().out
@@ -69,6 +70,7 @@ def test_load_sweep_crossover_agrees_with_the_batch_sweep(tiny_pair, tmp_path: P
         loads=(1, 2, 4, 8),
         requests=16,
         rounds=2,
+        duration_s=900.0,  # every request sent, on a busy CPU too
         output_lengths="24",
         slo=Slo(ttft_ms=5000, tpot_ms=1000),
         policies=("never", "always"),
