@@ -169,6 +169,20 @@ def _step_keys(mode: str, batch: int, explored: bool) -> tuple[SeriesKey, ...]:
     )
 
 
+class Clock:
+    """A pod's virtual time, which its gate reads (an exploration lease's expiry). Apart from
+    the engine so that the gate holds no reference back to it: a pod that leaves the fleet is
+    freed by reference count (a run pauses the cyclic collector: sim/fleet.py)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class SimEngine:
     """A pod's engine. `step(now)` runs one iteration starting at virtual time `now` and
     returns its modelled seconds (None: nothing to run); the caller advances the clock.
@@ -202,8 +216,8 @@ class SimEngine:
             config.max_batch_size,
             config.max_prefill_tokens,
         )
-        self.now = 0.0
-        self.gate = SpeculationGate(gate, random.Random(seed), wall_clock=lambda: self.now)
+        self.clock = Clock()
+        self.gate = SpeculationGate(gate, random.Random(seed), wall_clock=self.clock)
         # each drafted token is accepted when a draw falls below the request's rate; a test may
         # replace it with another source of draws (a real engine's, to replay them)
         self.acceptance_draws: random.Random = random.Random(seed + 1)
@@ -263,7 +277,7 @@ class SimEngine:
     # --- one iteration ------------------------------------------------------------
 
     def step(self, now: float) -> float | None:
-        self.now = now
+        self.clock.now = now
         start = self.device.modelled
         seqs = self.scheduler.schedule_prefill()
         if seqs:
@@ -630,5 +644,5 @@ class SimEngine:
         self.series.set(c.KV_CACHE_USAGE, 1 - blocks.num_free / blocks.usable_blocks)
         threshold = self.gate.settings.threshold
         self.series.set(c.SPEC_THRESHOLD, float("inf") if threshold is None else threshold)
-        self.series.set(c.SPEC_EXPLORATION_RATIO, self.gate.settings.exploration_at(self.now))
+        self.series.set(c.SPEC_EXPLORATION_RATIO, self.gate.settings.exploration_at(self.clock.now))
         return self.series.values

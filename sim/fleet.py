@@ -9,13 +9,15 @@ unix time: the operator's datetimes and the engines' exploration leases share th
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +54,21 @@ DECISIONS = (
     "ThresholdChanged", "ThresholdKept", "ThresholdRecommended", "CalibrationFailed",
     "CalibrationAborted", "CalibrationCancelled", "CalibrationRestarted",
 )  # fmt: skip
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a run steps. A run makes no reference cycles
+    (its objects die by reference count: tests/sim/test_fleet.py), so the collector found
+    nothing, and its passes over the run's millions of live objects (arrivals, requests,
+    sequences) were a sixth of a 256-pod fleet's CPU."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def gate_settings(policy: Policy) -> GateSettings:
@@ -149,6 +166,10 @@ class FleetSim:
         heapq.heappush(self._heap, (t, next(self._order), fn, args))
 
     def run(self) -> None:
+        with collector_paused():
+            self._run()
+
+    def _run(self) -> None:
         start = EPOCH
         if self.auto:
             self._turn()  # the first turn writes the ConfigMap the pods start from
