@@ -37,6 +37,9 @@ class BlockManager:
         need = blocks_for(capacity, self.block_size) - len(seq.block_table)
         if need > len(self._free):
             return False
+        if need == 1:  # a decode step's: most calls
+            seq.block_table.append(self._free.pop())
+            return True
         # the blocks pop() would hand out one by one, in one slice (a prefill takes dozens)
         seq.block_table.extend(reversed(self._free[-need:]))
         del self._free[-need:]
