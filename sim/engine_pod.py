@@ -366,7 +366,7 @@ class SimEngine:
         if not run.reserve(self.scheduler.blocks):
             return None
         start, draft = self.device.modelled, self.draft_model
-        n, drafting = len(run.members), run.drafting
+        n, drafting = run.size, run.drafting
         if draft is None:
             caught_up, proposal = CatchUp(), (0, 0, 0)
         else:

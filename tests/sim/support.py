@@ -1,11 +1,14 @@
 """The scenario the simulator tests start from: one simulated A100 pod, a draft model with
-k=4, 0.7 acceptance per drafted token, 60 s calibration windows, 5 s scrapes and no dwell; and
-a scenario run the fast paths' way or the engine's, for the tests that hold one to the other."""
+k=4, 0.7 acceptance per drafted token, 60 s calibration windows, 5 s scrapes and no dwell; a
+scenario run the fast paths' way or the engine's, and the comparison of the two, for the tests
+that hold one to the other."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
+
+import pytest
 
 from spectune.sim.arrivals import arrivals, duration
 from spectune.sim.fleet import FleetSim
@@ -41,3 +44,20 @@ def simulated(sc: Scenario, policy: Policy, per_iteration: bool) -> FleetSim:
     sim = FleetSim(sc, policy, 0, requests, duration(sc, requests), per_iteration=per_iteration)
     sim.run()
     return sim
+
+
+def same(fast: Any, reference: Any, where: str = "") -> None:
+    """Equal, floats to the last few digits (a run sums a batch's equal inter-token gaps as a
+    product where the engine adds them one by one)."""
+    if isinstance(reference, dict):
+        assert fast.keys() == reference.keys(), where
+        for key in reference:
+            same(fast[key], reference[key], f"{where}.{key}")
+    elif isinstance(reference, list):
+        assert len(fast) == len(reference), where
+        for i, (f, r) in enumerate(zip(fast, reference, strict=True)):
+            same(f, r, f"{where}[{i}]")
+    elif isinstance(reference, float):
+        assert fast == pytest.approx(reference, rel=1e-9, abs=1e-9), where
+    else:
+        assert fast == reference, where

@@ -6,29 +6,10 @@ leave it (finishing, draining pods)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from spectune.sim.scenario import Policy
-from tests.sim.support import scenario, simulated
-
-
-def same(fast: Any, reference: Any, where: str = "") -> None:
-    """Equal, floats to the last few digits (a run sums a batch's equal inter-token gaps as a
-    product where the engine adds them one by one)."""
-    if isinstance(reference, dict):
-        assert fast.keys() == reference.keys(), where
-        for key in reference:
-            same(fast[key], reference[key], f"{where}.{key}")
-    elif isinstance(reference, list):
-        assert len(fast) == len(reference), where
-        for i, (f, r) in enumerate(zip(fast, reference, strict=True)):
-            same(f, r, f"{where}[{i}]")
-    elif isinstance(reference, float):
-        assert fast == pytest.approx(reference, rel=1e-9, abs=1e-9), where
-    else:
-        assert fast == reference, where
+from tests.sim.support import same, scenario, simulated
 
 
 @pytest.mark.parametrize("policy", ["auto", 16, "never"])
