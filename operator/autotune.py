@@ -486,7 +486,7 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
         return Step(extended, (*narrowed, Event("CalibrationExtended", why)))
     if not estimates:
         if (past := past_range(window, cal.exploreBelow)) is not None:
-            return _kept_past_range(state, obs, window, past)
+            return _kept_past_range(spec, state, obs, window, past)
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
         return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
     return _decide(spec, state, obs, window, estimates)
@@ -529,24 +529,41 @@ def past_range(window: FleetWindow, below: int | None) -> int | None:
     return min(reached)
 
 
-def _kept_past_range(state: State, obs: Observation, window: FleetWindow, lowest: int) -> Step:
-    """Traffic ran only past the range a traffic shift explores: the shift moved the crossover
-    by less than that, so the thresholds in force stand there. The baseline takes the new
-    traffic, so that the same shift does not start the same calibration again; the fleet it
-    records (replicas, SKUs) and what was found per SKU (bounds, floors, outcomes) stand with
-    the thresholds: a fleet change meanwhile still re-measures."""
+def _kept_past_range(
+    spec: SpecDeploymentSpec, state: State, obs: Observation, window: FleetWindow, lowest: int
+) -> Step:
+    """Traffic ran only past the range the calibration explores speculation in: for a traffic
+    shift, it moved the crossover by less than that; once speculation clearly lost from the
+    range's end on every SKU, it paid at no batch traffic ran at. The thresholds in force stand
+    there. The baseline takes the new traffic, so that the same shift does not start the same
+    calibration again; the fleet it records (replicas, SKUs) and what was found per SKU (bounds,
+    floors, outcomes) stand with the thresholds: a fleet change meanwhile still re-measures. A
+    first calibration (narrowed on an early read, whose window reached back before it started,
+    the loss then left its window) records a fresh one: speculation paid at no batch measured,
+    and traffic running below the range's end or a lower threshold re-measures."""
     cal = state.calibration
-    assert cal.baseline is not None and cal.exploreBelow is not None
-    baseline = cal.baseline.model_copy(
-        update={"measuredAt": _iso(obs.now), "traffic": _traffic_dict(window.traffic)}
-    )
+    below = cal.exploreBelow
+    assert below is not None and cal.config is not None
+    runs = {sku: thresholds_by_sku(state).get(sku, state.threshold.current) for sku in window.skus}
+    measured = {"measuredAt": _iso(obs.now), "traffic": _traffic_dict(window.traffic)}
+    if cal.baseline is not None:
+        baseline = cal.baseline.model_copy(update=measured)
+    else:
+        lowest_threshold = spec.speculation.threshold.min
+        floors = {sku: below if t is None else min(below, t) for sku, t in runs.items()}
+        baseline = Baseline(
+            replicas=obs.replicas,
+            skus=sorted(window.skus),
+            **cal.config.model_dump(),
+            **measured,
+            floors={sku: f for sku, f in floors.items() if f > lowest_threshold},
+            outcomes=dict.fromkeys(window.skus, "never_pays"),
+        )
     kept = dataclasses.replace(state, calibration=cal.model_copy(update={"baseline": baseline}))
-    runs = {sku: t for sku, t in thresholds_by_sku(state).items() if sku in window.skus}
     said = ", ".join(f"{sku} {t}" for sku, t in sorted(runs.items()))
-    said = said or f"threshold {state.threshold.current}"
     why = (
-        f"traffic ran at batch {lowest} and up, past the batches a traffic shift explores "
-        f"(below {cal.exploreBelow}): the thresholds in force stand ({said})"
+        f"traffic ran at batch {lowest} and up, past the batches this calibration explores "
+        f"speculation at (below {below}): the thresholds in force stand ({said})"
     )
     return _finish(kept, obs.now, Event("ThresholdKept", why))
 

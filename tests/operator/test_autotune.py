@@ -691,6 +691,33 @@ def test_a_calibration_stops_exploring_speculation_from_a_clear_loss_up() -> Non
     assert both.events == () and both.state.calibration.exploreBelow is None
 
 
+def test_a_first_calibration_with_traffic_only_where_speculation_lost_keeps_its_start() -> None:
+    """A first calibration narrowed on an early read (its window reaching back before it
+    started) to below 24, and its traffic ran only at 32 and up, where its read saw speculation
+    clearly lose; its later windows hold no speculation there (it was no longer explored). The
+    start value stands, and the baseline records that speculation paid at no batch measured:
+    traffic running below 4, the start value, re-measures. (The operator's turn stopped on an
+    assertion here: a first calibration has no baseline to keep.)"""
+    s = spec()
+    exploring = step(s, fresh(s), observe(0, window())).state
+    losing = curve(6, buckets=(32, 48, 64))
+    narrowed = step(s, exploring, observe(10, window({H100: losing}))).state
+    assert narrowed.calibration.exploreBelow == 24
+    plain = window({H100: {key: sums for key, sums in losing.items() if key[0] == "plain"}})
+    kept = step(s, narrowed, observe(WINDOW, plain, replicas=2))
+    assert reasons(kept) == ["ThresholdKept"]
+    assert kept.events[0].message == (
+        "traffic ran at batch 32 and up, past the batches this calibration explores speculation "
+        f"at (below 24): the thresholds in force stand ({H100} 4)"
+    )
+    state = kept.state
+    assert state.calibration.phase == "Idle" and state.threshold.current == 4
+    base = state.calibration.baseline
+    assert base is not None and base.replicas == 2 and base.skus == [H100]
+    assert base.outcomes == {H100: "never_pays"} and base.floors == {H100: 4} and not base.bounds
+    assert autotune.trigger(s, state.calibration, observe(2 * WINDOW, plain)) is None
+
+
 def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new_traffic() -> None:
     """A busy fleet runs at batch 96 under threshold 12: after poorer drafting there is nothing
     to explore below 48, so the calibration ends at once, keeps 12, and records the new traffic
@@ -708,8 +735,8 @@ def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new
     ended = step(s, reached.state, observe(4 * WINDOW + 30, busy))
     assert reasons(ended) == ["ThresholdKept"]
     assert ended.events[0].message == (
-        "traffic ran at batch 96 and up, past the batches a traffic shift explores (below 48): "
-        f"the thresholds in force stand ({H100} 12)"
+        "traffic ran at batch 96 and up, past the batches this calibration explores speculation "
+        f"at (below 48): the thresholds in force stand ({H100} 12)"
     )
     cal = ended.state.calibration
     assert cal.phase == "Idle" and cal.retryAfter is None

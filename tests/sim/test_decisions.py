@@ -152,7 +152,7 @@ def test_a_shift_on_a_fleet_far_past_its_threshold_explores_nothing_there() -> N
     [shift] = [c for c in r.calibrations if c.started_s > 200]
     assert shift.trigger == "Traffic" and shift.outcome == "ThresholdKept"
     kept = next(e.message for e in r.events if e.reason == "ThresholdKept" and e.at_s > 200)
-    assert "past the batches a traffic shift explores (below 32)" in kept
+    assert "past the batches this calibration explores speculation at (below 32)" in kept
     assert min(w.mean_running for w in r.windows if w.start_s >= 200) > 40
     assert all(w.explored_share < 0.01 for w in r.windows if w.start_s >= shift.started_s - 60)
     assert {p.threshold for p in r.thresholds} == {8}
