@@ -169,7 +169,9 @@ class SpecRun(Generic[M]):
             for i in self.unread:
                 if ks[i]:
                     self.members[i].seq.plain_unread = 0  # type: ignore[union-attr]
-            self.unread = [i for i in self.unread if not ks[i] and finals[i] - self._now(i) > 1]
+            # those that will still draft: not about to finish (an idle one grew meanwhile)
+            left = [finals[i] - lengths_now[i] - self._idle_for(i) for i in self.unread]
+            self.unread = [i for i, n in zip(self.unread, left, strict=True) if not ks[i] and n > 1]
         most, draft = self.most, self.draft
         rates, rooms, since, pauses = self.rate, self.room, self.since, self.paused
         acceptances, seens, wakes = self.acceptance, self.draft_cached, self._wakes
@@ -292,18 +294,18 @@ class SpecRun(Generic[M]):
                 if i < ran:
                     m.request.last_token_at = self.last_end
 
-    def _now(self, i: int) -> int:
-        """Member i's length now, an idle one's grown a token an iteration since it idled."""
+    def _idle_for(self, i: int) -> int:
+        """The iterations member i has been idle through, a token and a pause step each, that
+        its length and pause do not show yet (0 for a member the run steps)."""
         since = self.since[i]
-        return self.length[i] + (self.count - since if since >= 0 else 0)
+        return self.count - since if since >= 0 else 0
 
     def _write(self, i: int) -> M:
         m = self.members[i]
         assert m is not None
-        seq, since = m.seq, self.since[i]
-        behind_by = self.count - since if since >= 0 else 0
-        seq.token_ids = range(self.length[i] + behind_by)
-        seq.paused_iterations = self.paused[i] - behind_by
+        seq, idle_for = m.seq, self._idle_for(i)
+        seq.token_ids = range(self.length[i] + idle_for)
+        seq.paused_iterations = self.paused[i] - idle_for
         seq.acceptance = self.acceptance[i]
         seq.draft_cached = self.draft_cached[i]
         return m
