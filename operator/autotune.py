@@ -794,7 +794,11 @@ def verdict(
         return bucket < high and end > low
 
     decode = same_mix_speedup(before_steps, served(after.steps), flipped)
-    return compare_goodput(before, after.traffic, decode, history)
+    less = all(
+        (math.inf if new is None else new) <= (math.inf if old is None else old)
+        for old, new in moves.values()
+    )
+    return compare_goodput(before, after.traffic, decode, history, speculates_less=less)
 
 
 def _moves(state: State) -> dict[str, tuple[int | None, int | None]]:

@@ -117,6 +117,7 @@ def compare_goodput(
     min_covered: float = 0.5,
     load_tolerance: float = 0.25,
     min_requests: int = 50,
+    speculates_less: bool = False,
 ) -> GoodputCheck:
     """Keep or roll back a threshold change, from windows before and after it.
 
@@ -129,7 +130,10 @@ def compare_goodput(
     consecutive windows of `history` (the windows before the change, oldest first: traffic
     that bursts or climbs moves the share by itself, and requests in one burst miss together),
     with both windows holding `min_requests` and request rates within `load_tolerance` (a busier
-    window misses more SLOs whatever the threshold). Neither measure comparable: "unknown".
+    window misses more SLOs whatever the threshold). A change that `speculates_less` (turns
+    speculation off at some batches, on at none) frees the draft's memory instead: the share
+    can fall only through the flipped buckets' decode, so where that compared, the share does
+    not judge it. Neither measure comparable: "unknown".
     """
     usable = decode is not None and decode.covered >= min_covered
     speedup = decode.speedup if decode is not None and usable else None
@@ -141,7 +145,7 @@ def compare_goodput(
             f"{decode.covered:.0%} of their decode time compared)",
         )
     slo = _slo_share_drop(before, after, history, z, load_tolerance, min_requests)
-    if slo is not None and slo.verdict == "roll_back":
+    if slo is not None and slo.verdict == "roll_back" and not (speculates_less and usable):
         return slo
     if speedup is None and (slo is None or slo.verdict == "unknown"):
         why = slo.message if slo is not None else "no SLO-met share measured"

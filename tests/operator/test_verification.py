@@ -203,3 +203,22 @@ def test_queueing_from_speculations_memory_is_named_only_when_all_three_signals_
         Traffic(seconds=WINDOW),  # unknown is not evidence
     ):
         assert queueing_warning(before, after) is None, after
+
+
+def test_a_change_that_only_turns_speculation_off_is_judged_by_decode_where_it_compared() -> None:
+    """Turning speculation off frees the draft's KV memory, so the SLO-met share can fall only
+    through the flipped buckets' decode rate, which the same-mix measure reads: where that
+    compared and held, a fall in the share is the load's (a busy L4 fleet's share swung from
+    97.6% to 87.0% with its trace and rolled back 7 of 24 moves from 8 down that decoded
+    1.2-1.4x faster where they flipped; spectune-sim). Without a comparable decode, or for a
+    change that speculates more, the share still judges."""
+    only_8 = lambda sku, bucket: bucket == 8  # noqa: E731
+    steps = {1: 100, 8: 100, 32: 100}
+    faster = same_mix_speedup(SAME_MIX, decoded(RATES | {8: 1.3 * RATES[8]}, steps), only_8)
+    assert faster is not None and faster.speedup == pytest.approx(1.3)
+    before, after = goodput(600, 570), goodput(600, 480)
+    assert compare_goodput(before, after, faster).verdict == "roll_back"
+    kept = compare_goodput(before, after, faster, speculates_less=True)
+    assert kept.verdict == "keep" and "x1.30 where it flipped" in kept.message
+    blind = compare_goodput(before, after, None, speculates_less=True)
+    assert blind.verdict == "roll_back" and "SLO-met share fell" in blind.message
