@@ -21,6 +21,7 @@ from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.damping import clamp, damp
 from spectune.operator.estimator import (
     Estimate,
+    clearly_not_one,
     common_buckets,
     estimate_by_sku,
     undersampled,
@@ -86,12 +87,15 @@ EXTENDED_WINDOWS = 2
 # third of its load, and a good change was rolled back as "not comparable"; spectune-sim).
 READY_SHARE = 0.5
 # A traffic shift past trafficChangePercent moves the crossover by far less than this factor, so
-# the calibration it starts explores speculation only at batches below this many times the
-# highest threshold in force (to a bucket's edge): an explored spec iteration far past the
-# threshold costs the most and answers nothing the shift could have changed (a busy A100 fleet
-# at batch 64 and up, threshold 8, lost 23% of a window to one; spectune-sim). A crossover
-# that did move further reads as speculation paying up to the range's end, and past_bound
-# re-measures at every batch once traffic runs there.
+# the calibration it starts explores speculation past the threshold at most up to this many
+# times the highest threshold in force (to a bucket's edge): an explored spec iteration far past
+# the threshold costs the most and answers nothing the shift could have changed (a busy A100
+# fleet at batch 64 and up, threshold 8, lost 23% of a window to one; spectune-sim). It starts
+# one bucket past the threshold and widens a bucket at a time while the top bucket explored
+# clearly pays: on a busy L4 fleet, 20 s of speculation explored at 50% over batches 6-23 cost a
+# window 5.6% of its goodput in TPOT misses (spectune-sim). A crossover that moved further
+# reads as speculation paying up to the range's end, and past_bound re-measures at every batch
+# once traffic runs there.
 EXPLORE_RANGE = 4
 # A change whose goodput check cannot decide (Prometheus down, load not comparable) is verified
 # for up to this many calibration windows after it, then rolled back: kept only on a verdict.
@@ -270,18 +274,40 @@ def engine_settings(
 
 def explore_below(state: State, reason: Reason, skus: Collection[str]) -> int | None:
     """The batch below which a calibration started for `reason` explores speculation past the
-    threshold: EXPLORE_RANGE times the highest threshold the `skus` run, up to a bucket's edge,
-    for a shift that moves the crossover by a bounded factor (`reason.near`); None (every
-    batch) for other reasons, or where a SKU speculates at every batch."""
-    if not reason.near:
+    threshold: the reason's own end (`reason.below`), or for a shift that moves the crossover
+    by a bounded factor (`reason.near`) the bucket edge one past the highest threshold the
+    `skus` run (`widened_below` widens it while speculation pays or to reach the traffic);
+    None (every batch) for other reasons, or where a SKU speculates at every batch."""
+    if reason.below is not None:
+        return reason.below
+    highest = _highest_threshold(state, skus)
+    if not reason.near or highest is None:
         return None
-    by_sku = thresholds_by_sku(state)
-    runs = [by_sku.get(sku, state.threshold.current) for sku in skus] or [state.threshold.current]
-    highest = max((t for t in runs if t is not None), default=None)
-    if highest is None or None in runs:
+    return _next_edge(max(1, highest))
+
+
+def explore_cap(state: State, skus: Collection[str]) -> int | None:
+    """How far a calibration may widen its explored range: EXPLORE_RANGE times the highest
+    threshold the `skus` run, up to a bucket's edge (None: every batch)."""
+    highest = _highest_threshold(state, skus)
+    if highest is None:
         return None
     top = EXPLORE_RANGE * max(1, highest)
     return next((b for b in BATCH_BUCKETS if b >= top), None)
+
+
+def _highest_threshold(state: State, skus: Collection[str]) -> int | None:
+    """The highest threshold the `skus` run; None where one speculates at every batch."""
+    by_sku = thresholds_by_sku(state)
+    runs = [by_sku.get(sku, state.threshold.current) for sku in skus] or [state.threshold.current]
+    if None in runs:
+        return None
+    return max(t for t in runs if t is not None)
+
+
+def _next_edge(batch: int) -> int | None:
+    """The first bucket edge above `batch` (None past the last)."""
+    return next((b for b in BATCH_BUCKETS if b > batch), None)
 
 
 def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) -> Reason | None:
@@ -366,6 +392,7 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
             "reachedAt": None,
             "extendedAt": None,
             "exploreBelow": explore_below(state, reason, obs.window.skus),
+            "losesFrom": reason.below,  # a floor: where speculation was measured to lose
         }
     )
     return Step(
@@ -469,9 +496,22 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     estimates = estimate_by_sku(window.steps, window.noise)
     narrowed: tuple[Event, ...] = ()
     if (below := narrowed_below(estimates, window.skus, cal.exploreBelow)) != cal.exploreBelow:
-        cal = cal.model_copy(update={"exploreBelow": below})
+        cal = cal.model_copy(update={"exploreBelow": below, "losesFrom": below})
         state = dataclasses.replace(state, calibration=cal)
         narrowed = (Event("ExplorationNarrowed", _narrowing(estimates, below)),)
+    elif (
+        wider := widened_below(
+            estimates,
+            window.skus,
+            below,
+            explore_cap(state, window.skus),
+            past_range(window, below),
+            cal.losesFrom,
+        )
+    ) != below:
+        cal = cal.model_copy(update={"exploreBelow": wider})
+        state = dataclasses.replace(state, calibration=cal)
+        narrowed = (Event("ExplorationWidened", _widening(window, below, wider)),)
     done = decided(window, estimates, settled, cal.exploreBelow)
     if elapsed < shortest or (not done and elapsed < window_s):
         return Step(state, narrowed)  # narrowed on any read: a clear loss is clear
@@ -506,6 +546,51 @@ def narrowed_below(
         return below
     top = max(b for b in froms if b is not None)
     return top if below is None or top < below else below
+
+
+def widened_below(
+    estimates: Mapping[str, Estimate],
+    skus: Collection[str],
+    below: int | None,
+    cap: int | None,
+    lowest: int | None = None,
+    loses_from: int | None = None,
+) -> int | None:
+    """The explored range's end moved past the buckets, from its top one (the bucket ending at
+    `below`) up, where speculation clearly pays on some SKU, up to `cap`, to the first bucket
+    where it clearly loses on any, and never past where `narrowed_below` would end it: while
+    it pays at the range's end, the crossover may lie past it. Where traffic runs only past the
+    range (from bucket `lowest` up, `past_range`), past that bucket, up to where speculation was
+    measured to lose (`loses_from`: where this calibration narrowed, or the floor it measures
+    below) and to `cap`: the range reaches the traffic. Else `below`."""
+    losing = narrowed_below(estimates, skus, None)
+    cap = min((c for c in (cap, losing) if c is not None), default=None)
+    if below is None or below <= 1 or (cap is not None and below >= cap):
+        return below
+    top = max(b for b in BATCH_BUCKETS if b < below)
+
+    def clearly(pays: bool, batch: int) -> bool:
+        return any(
+            (p.speedup > 1) == pays and clearly_not_one(p, e.noise.get(p.batch))
+            for e in estimates.values()
+            for p in e.curve
+            if p.batch == batch
+        )
+
+    end = below
+    if lowest is not None and losing is None and (past := _next_edge(lowest)) is not None:
+        end = max(below, past if loses_from is None else min(past, loses_from))
+    while clearly(True, top) and not clearly(False, end) and (wider := _next_edge(end)):
+        top, end = end, wider
+    return end if cap is None else min(end, cap)
+
+
+def _widening(window: FleetWindow, below: int | None, wider: int | None) -> str:
+    if (lowest := past_range(window, below)) is not None:
+        why = f"traffic ran at batch {lowest} and up, past the batches explored (below {below})"
+    else:
+        why = f"speculation clearly pays below {below}"
+    return f"{why}: exploring speculation below {wider} from now"
 
 
 def _narrowing(estimates: Mapping[str, Estimate], below: int | None) -> str:

@@ -522,9 +522,16 @@ class CalibrationStatus(BaseModel):
         None,
         description="past the threshold, this calibration explores speculation only at batches "
         "below this: a traffic shift moves the crossover by a bounded factor, so it is measured "
-        "near the thresholds in force, not at batches far past them, and once speculation "
-        "clearly loses at a measured batch on every SKU it loses from there up; null: at every "
-        "batch",
+        "near the thresholds in force (from the next bucket, widened while speculation clearly "
+        "pays at the range's top), not at batches far past them; traffic below a floor is "
+        "measured below the floor; and once speculation clearly loses at a measured batch on "
+        "every SKU it loses from there up; null: at every batch",
+    )
+    losesFrom: int | None = Field(
+        None,
+        description="the batch from which speculation was measured clearly losing on every "
+        "SKU: where this calibration narrowed its range, or the floor it measures below; "
+        "traffic running only past its range never widens it past this",
     )
     baseline: Baseline | None = None
 

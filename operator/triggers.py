@@ -17,7 +17,7 @@ from typing import Literal
 
 from spectune.engine.crossover import StatsByBucket
 from spectune.operator.damping import duration_text
-from spectune.operator.estimator import MIN_STEPS
+from spectune.operator.estimator import MIN_STEPS, RARE_SHARE
 from spectune.operator.models import Outcome, SpecDeploymentSpec
 from spectune.operator.observations import Traffic
 
@@ -34,6 +34,7 @@ class Reason:
     kind: TriggerKind
     message: str
     near: bool = False
+    below: int | None = None  # explore speculation past the threshold only below this batch
 
 
 # The traffic signals a shift is judged on, and which way each moves speculation's speedup at
@@ -206,13 +207,18 @@ def past_bound(
 def below_floor(
     floors: Mapping[str, int],
     steps: Mapping[str, StatsByBucket],
-    share: float = 0.5,
+    share: float = RARE_SHARE,
     min_steps: int = MIN_STEPS,
 ) -> Reason | None:
     """past_bound's mirror: where speculation paid at no batch the last calibration measured,
     its threshold turns speculation off only from the smallest batch measured, and smaller
-    batches still speculate unmeasured. Once most of a window's decode steps on that SKU run
-    below it, the load has come down to them."""
+    batches still speculate unmeasured. Once a share of a window's decode steps on that SKU
+    that is not rare (`share`, at least `min_steps` of them) runs below it, a calibration
+    measures them, exploring speculation past the threshold only below the floor: below it
+    speculation runs anyway, so the calibration explores plain iterations there, which cost
+    at most a window of plain steps at those batches where speculation pays. A busy L4 fleet
+    running 5-8% of its steps below its floor of 8 lost 0.06% of its goodput to them against
+    `never` until this measured them (spectune-sim, 30 seeds)."""
     for sku, floor in sorted(floors.items()):
         part = _share_of_steps(steps.get(sku, {}), lambda b, n=floor: b < n, share, min_steps)
         if part is not None:
@@ -220,6 +226,7 @@ def below_floor(
                 "Traffic",
                 f"{sku}: {part:.0%} of decode steps ran below batch {floor}, under the "
                 "batches where speculation was measured not to pay",
+                below=floor,
             )
     return None
 

@@ -21,12 +21,13 @@ from spectune.operator.autotune import (
     step,
     window_seconds,
 )
+from spectune.operator.estimator import estimate_by_sku
 from spectune.operator.models import (
     CalibrationStatus,
     SkuThreshold,
     ThresholdStatus,
 )
-from spectune.operator.observations import FleetWindow, Traffic
+from spectune.operator.observations import FleetWindow, Traffic, served
 
 from .machine import (
     BUCKETS,
@@ -42,6 +43,9 @@ from .machine import (
     traffic,
     window,
 )
+
+# decode steps at batch 16 in plain mode only: traffic there, not yet measured in both modes
+PLAIN_16 = {("plain", 16): ModeStats(100, 1600, 0.5)}
 
 
 def reasons(result: autotune.Step) -> list[str]:
@@ -416,8 +420,9 @@ def test_traffic_past_a_bound_re_measures_the_batches_it_reaches() -> None:
 def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
     """The mirror: a busy window measured speculation paying at no batch from 32 up. From a
     start value above them (48) it turns off from 24 only, where its loss at 32 (speedup 0.71)
-    bounds speedup below 1 (smaller batches still speculate, unmeasured), and once most decode
-    steps run below 24 a calibration measures those batches."""
+    bounds speedup below 1 (smaller batches still speculate, unmeasured), and once a share of
+    the decode steps that is not rare runs below 24 (1 in 6), a calibration measures those
+    batches, exploring speculation only below 24, where it runs anyway. A few steps do not."""
     s = spec(value=48)
     large = (32, 48)
     state = calibrate(s, fresh(s), 0, {H100: curve(10, buckets=large)})
@@ -429,12 +434,14 @@ def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
     assert state.calibration.phase == "Idle"
     as_before = observe(4 * WINDOW, window({H100: curve(10, buckets=large)}))
     assert step(s, state, as_before).state == state
-    some = window({H100: curve(10, buckets=(*large, 64, 96, 128)) | curve(10, buckets=(16,))})
-    assert step(s, state, observe(4 * WINDOW, some)).state == state  # 1 in 6 below
-    most = window({H100: curve(10, buckets=(8, 12, 16)) | curve(10, buckets=large)})
-    started = step(s, state, observe(4 * WINDOW, most))
+    busy = curve(10, buckets=(*large, 64, 96, 128))
+    few = window({H100: busy | curve(10, steps=5, buckets=(16,))})
+    assert step(s, state, observe(4 * WINDOW, few)).state == state  # 10 steps below: too few
+    some = window({H100: busy | curve(10, buckets=(16,))})
+    started = step(s, state, observe(4 * WINDOW, some))
     assert started.state.calibration.trigger == "Traffic"
-    assert f"{H100}: 60% of decode steps ran below batch 24" in started.events[0].message
+    assert f"{H100}: 17% of decode steps ran below batch 24" in started.events[0].message
+    assert started.state.calibration.exploreBelow == 24
 
 
 @pytest.mark.parametrize(
@@ -633,31 +640,43 @@ def test_poorer_drafting_where_speculation_paid_at_no_batch_re_measures_nothing(
 
 
 def test_a_traffic_shift_explores_near_the_thresholds_in_force() -> None:
-    """Threshold 12 measured; poorer drafting re-measures speculation past it only below 48
-    (4 x 12, a bucket's edge): the lease carries that. Traffic reaching batch 24 waits for its
-    samples; traffic at 96 does not hold the calibration up. Other triggers, and a SKU that
-    speculates at every batch, explore every batch."""
+    """Threshold 12 measured; poorer drafting re-measures speculation past it first in the next
+    bucket only (below 16): the lease carries that. Where speculation clearly pays at the
+    range's top bucket, the range widens past it, at most to 48 (4 x 12, a bucket's edge), and
+    a bucket it reaches waits for its samples; traffic at 96 does not hold the calibration up.
+    Other triggers, and a SKU that speculates at every batch, explore every batch."""
     s = spec()
     state = measured(s)
     shifted = observe(4 * WINDOW, window(), recent=windows(*(POORER,) * 3, end=4 * WINDOW))
     exploring = step(s, state, shifted).state
     assert exploring.calibration.trigger == "Traffic"
-    assert exploring.calibration.exploreBelow == 48
+    assert exploring.calibration.exploreBelow == 16
     start = 4 * WINDOW
-    # crossing at 14: 0.96 at 16 is no clear loss, so exploring goes on up to 48
-    past = curve(14, buckets=(8, 12, 16)) | {("plain", 96): ModeStats(400, 400 * 96, 4.0)}
-    thin = past | {("spec", 24): ModeStats(5, 240, 0.01), ("plain", 24): ModeStats(50, 1200, 0.1)}
+    # pays clearly at 12, the top bucket: the range widens to 24, and 16 waits for its samples
+    plain_96 = {("plain", 96): ModeStats(400, 400 * 96, 4.0)}
+    thin = curve(20, buckets=(8, 12)) | plain_96 | PLAIN_16
     waits = step(s, exploring, observe(start + 20, window({H100: thin})))
-    assert waits.events == () and waits.state.calibration.phase == "Exploring"
-    done = step(s, exploring, observe(start + 20, window({H100: past})))
+    assert reasons(waits) == ["ExplorationWidened"]
+    assert waits.events[0].message == (
+        "speculation clearly pays below 16: exploring speculation below 24 from now"
+    )
+    assert waits.state.calibration.phase == "Exploring"
+    assert waits.state.calibration.exploreBelow == 24
+    # crossing at 14: 0.96 at 16 is no clear loss, and 16 holds its samples: decided
+    past = curve(14, buckets=(8, 12, 16)) | plain_96
+    done = step(s, waits.state, observe(start + 30, window({H100: past})))
     assert done.state.calibration.phase == "Idle" and reasons(done) == ["ThresholdKept"]
+    paying = curve(200, buckets=(8, 12, 16, 24, 32, 48, 64))  # widens at most to 48
+    wide = step(s, exploring, observe(start + 20, window({H100: paying})))
+    assert wide.state.calibration.exploreBelow == 48
+    assert autotune.explore_cap(state, frozenset({H100})) == 48
     aged = step(s, state, observe(4 * WINDOW + 3600, window()))
     assert aged.state.calibration.trigger == "MaxAge"
     assert aged.state.calibration.exploreBelow is None
     reason = autotune.Reason("Traffic", "shift", near=True)
     always = dataclasses.replace(state, threshold=ThresholdStatus(current=None))
     assert autotune.explore_below(always, reason, frozenset({H100})) is None
-    assert autotune.explore_below(fresh(s), reason, frozenset()) == 16  # the start value, 4
+    assert autotune.explore_below(fresh(s), reason, frozenset()) == 6  # the start value, 4
     assert autotune.explore_below(fresh(s), dataclasses.replace(reason, near=False), {H100}) is None
 
 
@@ -720,9 +739,10 @@ def test_a_first_calibration_with_traffic_only_where_speculation_lost_keeps_its_
 
 def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new_traffic() -> None:
     """A busy fleet runs at batch 96 under threshold 12: after poorer drafting there is nothing
-    to explore below 48, so the calibration ends at once, keeps 12, and records the new traffic
-    as its baseline: the same shift does not start it again. An L4 threshold kept from pods
-    since gone stands too, unnamed: it runs nowhere."""
+    to explore below 16, nor below 48, as far as the range reaches toward the traffic (4 x 12),
+    so the calibration ends, keeps 12, and records the new traffic as its baseline: the same
+    shift does not start it again. An L4 threshold kept from pods since gone stands too,
+    unnamed: it runs nowhere."""
     s = spec()
     state = measured(s)
     gone = SkuThreshold(sku=L4, threshold=3)
@@ -731,7 +751,11 @@ def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new
     exploring = step(s, state, observe(4 * WINDOW, window(), recent=recent)).state
     busy = window(elsewhere(), load=POORER)
     reached = step(s, exploring, observe(4 * WINDOW + 10, busy))
-    assert reached.events == ()  # the load may yet come into range: it waits for it to settle
+    assert reasons(reached) == ["ExplorationWidened"]  # the load may yet come into range
+    assert reached.events[0].message == (
+        "traffic ran at batch 96 and up, past the batches explored (below 16): exploring "
+        "speculation below 48 from now"
+    )
     ended = step(s, reached.state, observe(4 * WINDOW + 30, busy))
     assert reasons(ended) == ["ThresholdKept"]
     assert ended.events[0].message == (
@@ -814,3 +838,35 @@ def test_windows_follow_the_phase() -> None:
     exploring = CalibrationStatus(phase="Exploring", startedAt=T0.isoformat())
     assert window_seconds(s, exploring, T0 + timedelta(seconds=45)) == 45
     assert window_seconds(s, exploring, T0 + timedelta(seconds=2)) == autotune.MIN_WINDOW_SECONDS
+
+
+def test_only_a_change_that_speculates_more_is_rolled_back_on_the_slo_share_alone() -> None:
+    """The same windows judge two changes that flip batches 4-7: decode there ran 1.25x
+    faster since, and the SLO-met share fell 95% -> 80% with the load. 8 -> 4 turned
+    speculation off there, so the share's fall cannot be its doing: kept. 4 -> 8 turned it on,
+    and the draft's KV memory can make requests queue: rolled back."""
+    before = {("spec", 4): ModeStats(100, 400, 1.0), ("spec", 6): ModeStats(100, 600, 1.5)}
+    after = {("plain", 4): ModeStats(100, 400, 0.8), ("plain", 6): ModeStats(100, 600, 1.2)}
+    after_window = window({H100: after}, load=traffic(slo_met_share=0.80))
+    before_steps = served({H100: before})
+    lowered = autotune.verdict(traffic(), before_steps, after_window, {H100: (8, 4)})
+    assert lowered.verdict == "keep" and "x1.25 where it flipped" in lowered.message
+    raised = autotune.verdict(traffic(), before_steps, after_window, {H100: (4, 8)})
+    assert raised.verdict == "roll_back" and "SLO-met share fell" in raised.message
+
+
+def test_a_range_widens_past_the_buckets_that_clearly_pay_and_stops_where_one_loses() -> None:
+    """From a range ending at 12: where speculation pays at every bucket measured it widens
+    to its cap (48), or past every bucket measured without one (96); where it crosses at 20, it
+    stops at 24, where speculation clearly loses and from which narrowing would explore nothing
+    (widening past it would only be narrowed back)."""
+    buckets = (8, 12, 16, 24, 32, 48)
+    paying = estimate_by_sku({H100: curve(200, buckets=buckets)})
+    assert autotune.widened_below(paying, {H100}, 12, 48) == 48
+    assert autotune.widened_below(paying, {H100}, 12, None) == 96
+    crossing = estimate_by_sku({H100: curve(20, buckets=buckets)})
+    assert autotune.narrowed_below(crossing, {H100}, None) == 24
+    assert autotune.widened_below(crossing, {H100}, 12, 48) == 24
+    assert autotune.widened_below(crossing, {H100}, 24, 48) == 24
+    unmeasured = estimate_by_sku({H100: curve(200, buckets=(16, 24))})  # nothing at the top, 8
+    assert autotune.widened_below(unmeasured, {H100}, 12, 48) == 12
