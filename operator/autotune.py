@@ -667,11 +667,23 @@ def too_noisy(estimates: Mapping[str, Estimate]) -> str | None:
     return "; ".join(said) or None
 
 
-def _covered(before: Baseline | None, estimates: Mapping[str, Estimate]) -> dict[str, list[int]]:
+def _covered(
+    before: Baseline | None, estimates: Mapping[str, Estimate], local: bool = False
+) -> dict[str, list[int]]:
     """SKU -> the smallest and largest bucket measured in both modes: this calibration's for
-    the SKUs it measured, the last one's for the others (their thresholds stand too)."""
+    the SKUs it measured, the last one's for the others (their thresholds stand too). A `local`
+    calibration (a traffic trigger's: near the thresholds, or below a floor) leaves the last
+    one's measurement standing outside its range, so the ranges join: a floor calibration that
+    measured 2-6 under a range of 8-64 covers 2-64, and a replica change that keeps each pod at
+    batch 30 re-measures nothing (`replicas_changed`; it re-measured every batch, spectune-sim's
+    hpa-load-waves)."""
     kept = dict(before.covered or {}) if before is not None else {}
     measured = {s: [e.curve[0].batch, e.curve[-1].batch] for s, e in estimates.items() if e.curve}
+    if local:
+        measured = {
+            s: [min(low, kept[s][0]), max(high, kept[s][1])] if s in kept else [low, high]
+            for s, (low, high) in measured.items()
+        }
     return kept | measured
 
 
@@ -813,7 +825,7 @@ def _decide(
             for sku, e in estimates.items()
             if (floor := _floor(e, runs[sku])) is not None and floor > t.min
         },
-        covered=_covered(cal.baseline, estimates),
+        covered=_covered(cal.baseline, estimates, local=cal.trigger == "Traffic"),
         outcomes=_outcomes(cal.baseline, estimates),
     )
     update: dict[str, object] = {"baseline": baseline}

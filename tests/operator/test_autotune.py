@@ -422,7 +422,8 @@ def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
     start value above them (48) it turns off from 24 only, where its loss at 32 (speedup 0.71)
     bounds speedup below 1 (smaller batches still speculate, unmeasured), and once a share of
     the decode steps that is not rare runs below 24 (1 in 6), a calibration measures those
-    batches, exploring speculation only below 24, where it runs anyway. A few steps do not."""
+    batches, exploring speculation only below 24, where it runs anyway. A few steps do not.
+    What it measured joins the range measured before."""
     s = spec(value=48)
     large = (32, 48)
     state = calibrate(s, fresh(s), 0, {H100: curve(10, buckets=large)})
@@ -442,6 +443,12 @@ def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
     assert started.state.calibration.trigger == "Traffic"
     assert f"{H100}: 17% of decode steps ran below batch 24" in started.events[0].message
     assert started.state.calibration.exploreBelow == 24
+    # it measures 8-16 (losing there too); the range measured before stands above them, so a
+    # replica change that keeps the load at 32-48 re-measures nothing
+    lower = window({H100: curve(4, buckets=(8, 12, 16))})
+    decided = step(s, started.state, observe(6 * WINDOW, lower)).state
+    assert decided.calibration.baseline is not None
+    assert decided.calibration.baseline.covered == {H100: [8, 48]}
 
 
 @pytest.mark.parametrize(
