@@ -505,13 +505,13 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
             window.skus,
             below,
             explore_cap(state, window.skus),
-            past_range(window, below),
+            lowest := past_range(window, below),
             cal.losesFrom,
         )
     ) != below:
         cal = cal.model_copy(update={"exploreBelow": wider})
         state = dataclasses.replace(state, calibration=cal)
-        narrowed = (Event("ExplorationWidened", _widening(window, below, wider)),)
+        narrowed = (Event("ExplorationWidened", _widening(lowest, below, wider)),)
     done = decided(window, estimates, settled, cal.exploreBelow)
     if elapsed < shortest or (not done and elapsed < window_s):
         return Step(state, narrowed)  # narrowed on any read: a clear loss is clear
@@ -585,8 +585,8 @@ def widened_below(
     return end if cap is None else min(end, cap)
 
 
-def _widening(window: FleetWindow, below: int | None, wider: int | None) -> str:
-    if (lowest := past_range(window, below)) is not None:
+def _widening(lowest: int | None, below: int | None, wider: int | None) -> str:
+    if lowest is not None:
         why = f"traffic ran at batch {lowest} and up, past the batches explored (below {below})"
     else:
         why = f"speculation clearly pays below {below}"
