@@ -94,12 +94,17 @@ class Estimate:
         in every measured bucket says nothing of larger batches: speculation runs through the
         largest measured bucket and stops at the next (a trigger re-measures once traffic runs
         there). Alike, a curve below 1 from its first measured bucket turns speculation off
-        only from that bucket up (`off_from`): not paying at 32 says nothing against 16."""
+        only from that bucket up (`off_from`): not paying at 32 says nothing against 16. And
+        speculation never runs where a clear loss bounds it below 1 (`_loss_bound`): a bump
+        above 1 past a clear loss is noise, since speedup falls as the batch grows."""
         if self.crossover.status == "never_pays":
             return self.off_from
-        if self.crossover.status == "always_pays":
-            return self.bound
-        return self.crossover.threshold
+        asked = self.bound if self.crossover.status == "always_pays" else self.crossover.threshold
+        losing = self.losing
+        if losing is None:
+            return asked
+        cap = max(1, math.ceil(_loss_bound(losing, self.noise)))
+        return asked if asked is not None and asked <= cap else cap
 
     @property
     def bound(self) -> int | None:
@@ -260,9 +265,14 @@ def _loses_from(point: SpeedupPoint, noise: Mapping[int, float]) -> int:
     one per sequence), so at batch b below m speedup is at most m/b times its value at m: with
     the bucket's speedup s (at its upper error) at mean batch m, speculation pays at no batch
     from m x s up."""
-    se = point.speedup * noise.get(point.batch, assumed_noise(point))
-    loses_from = point.mean_batch * (point.speedup + CLEAR_Z * se)
+    loses_from = _loss_bound(point, noise)
     return next((b for b in BATCH_BUCKETS if loses_from <= b < point.batch), point.batch)
+
+
+def _loss_bound(point: SpeedupPoint, noise: Mapping[int, float]) -> float:
+    """The batch from which a bucket's loss, at its upper error, bounds speedup below 1."""
+    se = point.speedup * noise.get(point.batch, assumed_noise(point))
+    return point.mean_batch * (point.speedup + CLEAR_Z * se)
 
 
 def estimate_by_sku(

@@ -186,6 +186,26 @@ def test_a_large_loss_turns_speculation_off_below_the_first_bucket_too() -> None
     assert estimate("A100", near).threshold == 64
 
 
+def test_speculation_never_runs_past_a_clear_loss_whatever_a_bump_above_says() -> None:
+    """Speedup falls as the batch grows, so a clear loss at batch 9 rules out a gain at 13:
+    the summed logs of a bumpy curve cross at 16, the threshold stops at 9. (A busy L4 fleet's
+    calibration read 0.95 +/- 0.01 at batch 8, then 1.06 at 13, and asked for 18: 0.96x
+    `never` over its half hour; spectune-sim.) Within its noise the same dip moves nothing."""
+
+    def bumpy(at_8: float) -> dict[tuple[str, int], ModeStats]:
+        stats = {}
+        for bucket, batch, speedup in ((4, 5, 1.2), (8, 9, at_8), (12, 13, 1.12), (16, 18, 0.95)):
+            stats[("plain", bucket)] = ModeStats(400, 400 * batch, 400 * 0.05)
+            stats[("spec", bucket)] = ModeStats(400, 400 * batch, 400 * 0.05 / speedup)
+        return stats
+
+    clear = estimate("L4", bumpy(0.92))
+    assert clear.crossover.status == "crosses" and clear.crossover.batch > 13
+    assert clear.loses_from == 8 and clear.threshold == 9  # 0.92 at mean batch 9 bounds 9 up
+    within = estimate("L4", bumpy(0.98))
+    assert within.loses_from == 16 and within.threshold == within.crossover.threshold > 13
+
+
 def test_without_data_in_both_modes_the_crossover_is_unknown() -> None:
     empty = estimate("H100", {})
     assert not empty.known and empty.confidence == 0 and empty.largest_batch_seen is None
