@@ -1,0 +1,133 @@
+"""How far a calibration's measured speedup sits from steady speculation's, batch by batch.
+
+A calibration measures speculation against plain decoding with both modes interleaved (half
+the iterations each, `CALIBRATION_EXPLORATION_PERCENT`); the threshold it picks then runs one
+mode steadily. On one simulated pod (spectune-sim's engine, a device-time model), a closed loop
+of N clients that never pause holds the running batch at N, so each bucket compares the same
+batches: three runs per N, plain only, speculation only and the calibration's 50% mix, each
+the same requests. Each prints the bucket's speedup (speculating tokens/s over plain, the
+draft's catch-up kept out as the operator keeps it out) steady and mixed, and what makes the
+difference: a spec step's time and its tokens.
+
+    .venv/bin/python benchmarks/calibration_bias.py                     # L4, acceptance 0.6
+    .venv/bin/python benchmarks/calibration_bias.py --sku A100 --acceptance 0.7 --spread 0 \\
+        --prompt 256 256 --output 128 128 --batches 48 56 64
+
+Every number here is SIMULATED (the SKU's roofline of a well-tuned engine), not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass
+
+from spectune.engine import contract as c
+from spectune.engine.device_time import sku_named
+from spectune.engine.gate import GateSettings
+from spectune.sim.engine_pod import PodConfig, Request, SimEngine
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One mode's decode steps in one batch bucket, as the operator reads them."""
+
+    steps: float
+    seconds: float  # the draft's catch-up kept out
+    tokens: float
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+
+def closed_loop(args: argparse.Namespace, clients: int, gate: GateSettings) -> dict[str, Bucket]:
+    """`args.requests` requests from `clients` clients that each send the next as soon as one
+    finishes; mode -> the bucket holding batch `clients`."""
+    config = PodConfig(
+        sku=sku_named(args.sku),
+        method="draft",
+        k=args.k,
+        max_batch_size=clients,
+        kv_cache_bytes=args.kv_gib * 2**30,
+        max_model_len=8192,
+        max_queue=args.requests,
+        ttft_s=3.0,
+        tpot_s=0.15,
+    )
+    engine = SimEngine("pod", config, gate, seed=0)
+    rng = random.Random(0)  # the same requests under every gate
+    sent: list[Request] = []
+
+    def send(now: float) -> None:
+        rate = min(1.0, max(0.0, args.acceptance + rng.uniform(-args.spread, args.spread)))
+        prompt, output = rng.randint(*args.prompt), rng.randint(*args.output)
+        sent.append(Request(len(sent), now, prompt, output, rate))
+        engine.submit(sent[-1], now)
+
+    now, finished = 0.0, 0
+    for _ in range(clients):
+        send(now)
+    while (seconds := engine.step(now)) is not None:
+        now += seconds
+        done = sum(1 for r in sent if r.done_at is not None)
+        for _ in range(done - finished):
+            if len(sent) < args.requests:
+                send(now)
+        finished = done
+    bucket = str(c.batch_bucket(clients))
+    series = engine.series.values
+
+    def value(metric: str, **labels: str) -> float:
+        return series.get((metric, tuple(sorted((labels | {"batch": bucket}).items()))), 0.0)
+
+    out = {}
+    for mode in ("plain", "spec"):
+        steps = value(f"{c.STEP_SECONDS}_count", mode=mode)
+        if steps:
+            out[mode] = Bucket(
+                steps,
+                value(f"{c.STEP_SECONDS}_sum", mode=mode),  # catch-up already kept out
+                value(c.STEP_OUTPUT_TOKENS, mode=mode),
+            )
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sku", default="L4")
+    p.add_argument("--acceptance", type=float, default=0.6, help="per drafted token, mean")
+    p.add_argument("--spread", type=float, default=0.1, help="requests' rates +/- this")
+    p.add_argument("--prompt", type=int, nargs=2, default=[600, 1600], metavar=("MIN", "MAX"))
+    p.add_argument("--output", type=int, nargs=2, default=[100, 300], metavar=("MIN", "MAX"))
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--kv-gib", type=int, default=40, help="KV cache per pod (no preemption)")
+    p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--batches", type=int, nargs="+", default=[4, 8, 12, 16])
+    args = p.parse_args()
+    print(
+        f"{args.sku}, draft k={args.k}, acceptance {args.acceptance} +/- {args.spread}, prompts "
+        f"{args.prompt[0]}-{args.prompt[1]}, outputs {args.output[0]}-{args.output[1]}, "
+        f"{args.requests} requests a run (SIMULATED)\n"
+    )
+    print(
+        "| batch | speedup, steady | speedup, calibration's mix | mix / steady | "
+        "spec step ms, steady / mix | spec tokens a step, steady / mix |"
+    )
+    print("|---|---|---|---|---|---|")
+    for n in args.batches:
+        plain = closed_loop(args, n, GateSettings(threshold=0))["plain"]
+        steady = closed_loop(args, n, GateSettings(threshold=None))["spec"]
+        mix = closed_loop(args, n, GateSettings(threshold=None, exploration=0.5))
+        s, m = steady.rate / plain.rate, mix["spec"].rate / mix["plain"].rate
+        print(
+            f"| {n} | {s:.3f} | {m:.3f} | {m / s:.3f} | "
+            f"{1000 * steady.seconds / steady.steps:.1f} / "
+            f"{1000 * mix['spec'].seconds / mix['spec'].steps:.1f} | "
+            f"{steady.tokens / steady.steps:.2f} / {mix['spec'].tokens / mix['spec'].steps:.2f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
