@@ -5,9 +5,10 @@ the iterations each, `CALIBRATION_EXPLORATION_PERCENT`); the threshold it picks 
 mode steadily. On one simulated pod (spectune-sim's engine, a device-time model), a closed loop
 of N clients that never pause holds the running batch at N, so each bucket compares the same
 batches: three runs per N, plain only, speculation only and the calibration's 50% mix, each
-the same requests. Each prints the bucket's speedup (speculating tokens/s over plain, the
-draft's catch-up kept out as the operator keeps it out) steady and mixed, and what makes the
-difference: a spec step's time and its tokens.
+the same requests. Each prints the bucket's speedup (speculating tokens/s over plain, read
+as the operator reads it: the draft's catch-up kept out, and the draft prefill a mix's spec
+steps carry beyond steady speculation's, `steady_prefill_excess`) steady and mixed, and what
+makes the difference: a spec step's time and its tokens.
 
     .venv/bin/python benchmarks/calibration_bias.py                     # L4, acceptance 0.6
     .venv/bin/python benchmarks/calibration_bias.py --sku A100 --acceptance 0.7 --spread 0 \\
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from spectune.engine import contract as c
 from spectune.engine.device_time import sku_named
 from spectune.engine.gate import GateSettings
+from spectune.operator.window import steady_prefill_excess
 from spectune.sim.engine_pod import PodConfig, Request, SimEngine
 
 
@@ -33,7 +35,7 @@ class Bucket:
     """One mode's decode steps in one batch bucket, as the operator reads them."""
 
     steps: float
-    seconds: float  # the draft's catch-up kept out
+    seconds: float  # as the operator reads them
     tokens: float
 
     @property
@@ -81,15 +83,16 @@ def closed_loop(args: argparse.Namespace, clients: int, gate: GateSettings) -> d
     def value(metric: str, **labels: str) -> float:
         return series.get((metric, tuple(sorted((labels | {"batch": bucket}).items()))), 0.0)
 
+    tokens = {mode: value(c.STEP_OUTPUT_TOKENS, mode=mode) for mode in ("plain", "spec")}
+    prefill = value(c.DRAFT_PREFILL_SECONDS)
     out = {}
     for mode in ("plain", "spec"):
         steps = value(f"{c.STEP_SECONDS}_count", mode=mode)
         if steps:
-            out[mode] = Bucket(
-                steps,
-                value(f"{c.STEP_SECONDS}_sum", mode=mode),  # catch-up already kept out
-                value(c.STEP_OUTPUT_TOKENS, mode=mode),
-            )
+            seconds = value(f"{c.STEP_SECONDS}_sum", mode=mode)  # the catch-up already out
+            if mode == "spec":
+                seconds -= steady_prefill_excess(prefill, tokens["spec"], tokens["plain"])
+            out[mode] = Bucket(steps, seconds, tokens[mode])
     return out
 
 
