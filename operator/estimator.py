@@ -159,14 +159,20 @@ class Estimate:
 
     def flips_a_clear_bucket(self, a: int | None, b: int | None) -> bool:
         """Whether moving the threshold from a to b changes the mode in a measured bucket whose
-        speedup is clearly not 1 (batches from the lower threshold up to the higher change
-        mode; None is above every batch). The dead band holds one-bucket moves because the
-        crossover is only located within a bucket, not moves that measurement clearly asks for:
-        threshold 1 runs batch 1 plain, where speculation may pay by half; 39 -> 63 speculates
-        at batch 54, where it paid 7% over hundreds of steps in each mode."""
+        speedup clearly asks for that change (batches from the lower threshold up to the higher
+        change mode; None is above every batch): speculation on where it clearly pays, off where
+        it clearly loses. The dead band holds one-bucket moves because the crossover is only
+        located within a bucket, not moves that measurement clearly asks for: threshold 1 runs
+        batch 1 plain, where speculation may pay by half; 39 -> 63 speculates at batch 54, where
+        it paid 7% over hundreds of steps in each mode. A move the other way through such a
+        bucket is the crossover's noise: 62 -> 65 speculating at 64, where it clearly lost, moved
+        a steady load's threshold at every recheck (spectune-sim)."""
         low, high = sorted(math.inf if t is None else t for t in (a, b))
+        raising = high == (math.inf if b is None else b)
         return any(
-            low <= p.batch < high and clearly_not_one(p, self.noise.get(p.batch))
+            low <= p.batch < high
+            and clearly_not_one(p, self.noise.get(p.batch))
+            and (p.speedup > 1) == raising
             for p in self.curve
         )
 

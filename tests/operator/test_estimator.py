@@ -206,6 +206,20 @@ def test_speculation_never_runs_past_a_clear_loss_whatever_a_bump_above_says() -
     assert within.loses_from == 16 and within.threshold == within.crossover.threshold > 13
 
 
+def test_a_move_through_a_clear_bucket_is_clear_only_the_way_it_asks() -> None:
+    """A bucket that clearly loses asks for speculation off there, one that clearly pays for it
+    on: only such a move skips the dead band. 66 -> 62 turns speculation off at 64-65, where it
+    lost 13%; 62 -> 65 turns it back on there, which no measurement asked for."""
+    stats = {}
+    for bucket, batch, speedup in ((32, 40, 1.15), (48, 55, 1.05), (64, 75, 0.87)):
+        stats[("plain", bucket)] = ModeStats(400, 400 * batch, 400 * 0.05)
+        stats[("spec", bucket)] = ModeStats(400, 400 * batch, 400 * 0.05 / speedup)
+    est = estimate("A100", stats)
+    assert est.flips_a_clear_bucket(66, 62) and not est.flips_a_clear_bucket(62, 65)
+    assert est.flips_a_clear_bucket(30, 40) and not est.flips_a_clear_bucket(40, 30)  # pays at 32
+    assert est.flips_a_clear_bucket(None, 62) and not est.flips_a_clear_bucket(62, None)
+
+
 def test_without_data_in_both_modes_the_crossover_is_unknown() -> None:
     empty = estimate("H100", {})
     assert not empty.known and empty.confidence == 0 and empty.largest_batch_seen is None
