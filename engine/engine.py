@@ -289,9 +289,11 @@ class LLMEngine:
             if catch.fed:
                 self._sync()
         t1 = self.clock()
-        prefill_seconds, catchup_seconds = catch.split(t1 - t0)
         drafts = self.drafter.propose(seqs, ks)
         draft_seconds = self.clock() - t1
+        forwards = max(ks, default=0)  # the proposal's sequential draft forwards
+        floor = draft_seconds / forwards if forwards else 0.0
+        prefill_seconds, catchup_seconds = catch.split(t1 - t0, floor)
         feeds = [
             Feed([s.token_ids[-1], *d.tokens], len(s) - 1, s.block_table)
             for s, d in zip(seqs, drafts, strict=True)

@@ -530,19 +530,23 @@ class SimEngine:
         most, draft = self.config.k, self.draft_model
         catchup = prefill = draft_seconds = 0.0
         if draft is not None:
-            prefill, catchup = caught_up.split(self.device.modelled - start)
             t1 = self.device.modelled
+            forwards = 0
             if proposal[0]:  # nobody drafting (all paused or finishing): no forward
                 self.device.charge_totals(draft, *proposal)
+                forwards += 1
             count = sum(drafting[2:])  # drafting more than i tokens, from i = 1
             tokens = sum(lengths[2:])
             for i in range(1, most):
                 if not count:
                     break
                 self.device.charge_batch(draft, count, tokens + count * (i - 1))
+                forwards += 1
                 count -= drafting[i + 1]
                 tokens -= lengths[i + 1]
             draft_seconds = self.device.modelled - t1
+            floor = draft_seconds / forwards if forwards else 0.0
+            prefill, catchup = caught_up.split(t1 - start, floor)
         batch = tokens = drafted = attended = 0  # one pass: the fleet runs millions of these
         for k, (n, total) in enumerate(zip(drafting, lengths, strict=True)):
             batch += n

@@ -55,3 +55,12 @@ def test_the_forwards_time_is_split_by_tokens() -> None:
     assert CatchUp(30, 10).split(0.004) == pytest.approx((0.003, 0.001))
     assert CatchUp(30, 0).split(0.004) == (0.004, 0.0)
     assert CatchUp().split(0.004) == (0.0, 0.0)
+
+
+def test_a_forward_owing_any_token_owes_at_least_a_draft_forwards_time() -> None:
+    """A paused sequence's 16 skipped tokens beside 48 that plain iterations committed: steady
+    speculation would run that forward for the 16 alone, at about a draft forward's cost."""
+    assert CatchUp(16, 48).split(0.012, floor=0.010) == pytest.approx((0.010, 0.002))
+    assert CatchUp(1000, 40).split(0.052, floor=0.010) == pytest.approx((0.05, 0.002))
+    assert CatchUp(16, 48).split(0.008, floor=0.010) == (0.008, 0.0)  # never past the forward
+    assert CatchUp(0, 48).split(0.012, floor=0.010) == (0.0, 0.012)  # nothing owed: all missed

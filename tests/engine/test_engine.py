@@ -159,6 +159,39 @@ def test_after_plain_iterations_only_the_prompts_share_of_the_catch_up_is_charge
     assert switched.catchup_seconds == pytest.approx(forward - charged)
 
 
+# A draft that reads its weights whatever it feeds (memory-bound): a forward over the prompts
+# and the plain iterations' tokens costs what one over a token a sequence does.
+WEIGHT_BOUND_DRAFT = Cost(overhead=0.2e-3, floor=2e-3, per_position=2e-6)
+
+
+def test_a_catch_up_that_reads_prompts_is_charged_whole_where_tokens_cost_nothing(
+    tiny_pair,
+) -> None:
+    """Steady speculation runs a forward for the prompts alone, and on a weight-bound draft
+    it costs what this one does: the missed tokens' share by count would book part of the
+    prompts' prefill as catch-up, and speculation would read faster than it runs."""
+    device = ModeledDevice(draft=WEIGHT_BOUND_DRAFT)
+    config = EngineConfig(
+        model=str(tiny_pair[0]),
+        draft=str(tiny_pair[1]),
+        device="cpu",
+        gate=GateSettings(threshold=0),
+    )
+    eng = device.make_engine(config)
+    for p in PROMPTS[:4]:
+        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
+    eng.step()  # prefill
+    for _ in range(5):
+        eng.step()  # plain: the draft misses five tokens per sequence
+    eng.gate.settings = GateSettings(threshold=None)
+    eng.step()
+    switched = eng.iterations[-1]
+    forward = WEIGHT_BOUND_DRAFT.of(1)
+    assert switched.mode == "spec"
+    assert switched.draft_prefill_seconds == pytest.approx(forward)
+    assert switched.catchup_seconds == 0.0
+
+
 @pytest.mark.parametrize(("threshold", "picked"), [(64, "spec"), (2, "plain")])
 def test_exploration_runs_the_other_mode_in_the_engine(tiny_pair, threshold, picked) -> None:
     """Below the threshold explored iterations run plain, above it (a lease's) they
