@@ -45,7 +45,7 @@ class CatchUp:
         """(owed, missed) shares of the forward's `seconds`: by token count, the owed share at
         least `floor` (the time of one of the iteration's own draft forwards) when any token is
         owed. By count alone, a calibration's 50% booked a third of the draft's prefill seconds
-        as catch-up on a simulated L4, and its speedups read 0.5-1% higher for it
+        as catch-up on a simulated L4, and its speedups read 0.3-0.9% higher for it
         (docs/PERFORMANCE.md, "The catch-up's fixed cost")."""
         if not self.fed:
             return 0.0, 0.0
