@@ -13,7 +13,7 @@ from spectune.engine.config import EngineConfig, InvalidConfig
 from spectune.engine.engine import LLMEngine
 from spectune.engine.gate import GateSettings, Lease
 from spectune.engine.model import UnsupportedArchitecture
-from spectune.engine.sequence import InvalidRequest, SamplingParams
+from spectune.engine.sequence import InvalidRequest, SamplingParams, Sequence
 from spectune.engine.zoo.training import held_out_acceptance
 
 from ..bench.modeled_device import DRAFT, Cost, ModeledDevice
@@ -124,12 +124,10 @@ def test_the_drafts_prefill_of_the_prompts_is_charged_to_the_first_spec_iteratio
     assert steady.draft_prefill_seconds == 0.0
 
 
-def test_after_plain_iterations_only_the_prompts_share_of_the_catch_up_is_charged(
-    tiny_pair,
-) -> None:
-    """Requests that ran plain since their prefill: one catch-up forward reads their prompts
-    (charged) and the tokens the plain iterations committed (kept out), split by tokens."""
-    device = ModeledDevice(draft=READING_DRAFT)
+def after_plain(tiny_pair: tuple[Path, Path], draft: Cost) -> tuple[LLMEngine, list[Sequence]]:
+    """Four requests on a draft that costs `draft`, run plain for five iterations after their
+    prefill (the draft misses five tokens a sequence), then let speculate."""
+    device = ModeledDevice(draft=draft)
     config = EngineConfig(
         model=str(tiny_pair[0]),
         draft=str(tiny_pair[1]),
@@ -142,8 +140,17 @@ def test_after_plain_iterations_only_the_prompts_share_of_the_catch_up_is_charge
     ]
     eng.step()  # prefill
     for _ in range(5):
-        eng.step()  # plain: the draft misses five tokens per sequence
+        eng.step()  # plain
     eng.gate.settings = GateSettings(threshold=None)
+    return eng, seqs
+
+
+def test_after_plain_iterations_only_the_prompts_share_of_the_catch_up_is_charged(
+    tiny_pair,
+) -> None:
+    """Requests that ran plain since their prefill: one catch-up forward reads their prompts
+    (charged) and the tokens the plain iterations committed (kept out), split by tokens."""
+    eng, seqs = after_plain(tiny_pair, READING_DRAFT)
     eng.step()
     switched = eng.iterations[-1]
     eng.step()
@@ -170,20 +177,7 @@ def test_a_catch_up_that_reads_prompts_is_charged_whole_where_tokens_cost_nothin
     """Steady speculation runs a forward for the prompts alone, and on a weight-bound draft
     it costs what this one does: the missed tokens' share by count would book part of the
     prompts' prefill as catch-up, and speculation would read faster than it runs."""
-    device = ModeledDevice(draft=WEIGHT_BOUND_DRAFT)
-    config = EngineConfig(
-        model=str(tiny_pair[0]),
-        draft=str(tiny_pair[1]),
-        device="cpu",
-        gate=GateSettings(threshold=0),
-    )
-    eng = device.make_engine(config)
-    for p in PROMPTS[:4]:
-        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
-    eng.step()  # prefill
-    for _ in range(5):
-        eng.step()  # plain: the draft misses five tokens per sequence
-    eng.gate.settings = GateSettings(threshold=None)
+    eng, _ = after_plain(tiny_pair, WEIGHT_BOUND_DRAFT)
     eng.step()
     switched = eng.iterations[-1]
     forward = WEIGHT_BOUND_DRAFT.of(1)
