@@ -21,7 +21,6 @@ from spectune.engine.crossover import ModeStats, StatsByBucket
 from spectune.operator.damping import clamp, damp
 from spectune.operator.estimator import (
     Estimate,
-    clearly_not_one,
     common_buckets,
     estimate_by_sku,
     undersampled,
@@ -571,10 +570,7 @@ def widened_below(
 
     def clearly(pays: bool, batch: int) -> bool:
         return any(
-            (p.speedup > 1) == pays and clearly_not_one(p, e.noise.get(p.batch))
-            for e in estimates.values()
-            for p in e.curve
-            if p.batch == batch
+            e.clearly(p, pays) for e in estimates.values() for p in e.curve if p.batch == batch
         )
 
     end = below

@@ -130,10 +130,12 @@ class Estimate:
     @property
     def losing(self) -> SpeedupPoint | None:
         """The smallest measured bucket whose speedup is clearly below 1, or None."""
-        clear = (
-            p for p in self.curve if p.speedup < 1 and clearly_not_one(p, self.noise.get(p.batch))
-        )
-        return next(clear, None)
+        return next((p for p in self.curve if self.clearly(p, pays=False)), None)
+
+    def clearly(self, point: SpeedupPoint, pays: bool) -> bool:
+        """Whether a bucket of this curve clearly pays (`pays`), or clearly loses, beyond its
+        noise."""
+        return (point.speedup > 1) == pays and clearly_not_one(point, self.noise.get(point.batch))
 
     @property
     def floor(self) -> int | None:
@@ -169,12 +171,7 @@ class Estimate:
         a steady load's threshold at every recheck (spectune-sim)."""
         low, high = sorted(math.inf if t is None else t for t in (a, b))
         raising = high == (math.inf if b is None else b)
-        return any(
-            low <= p.batch < high
-            and clearly_not_one(p, self.noise.get(p.batch))
-            and (p.speedup > 1) == raising
-            for p in self.curve
-        )
+        return any(low <= p.batch < high and self.clearly(p, pays=raising) for p in self.curve)
 
     def compact_curve(self) -> dict[str, float]:
         """Bucket -> speedup, rounded, for status (string keys: JSON objects)."""
