@@ -24,7 +24,7 @@ the goodput under an SLO, simulated over real, while the clients kept sending.
 
 Usage: .venv/bin/python benchmarks/sim_fidelity.py [--sku L4] [--requests 64]
            [--max-batch-size 32] [--k 4] [--acceptance matched|raw] [--pooled] [--seed 0]
-           [--min-acceptance 0.2] [--exploration 0.2] [--prompt 16 96] [--output 32 96]
+           [--min-acceptance 0.1] [--exploration 0.2] [--prompt 16 96] [--output 32 96]
            [--clients 24 [--think 500] [--slo 1000 60]]
 """
 
@@ -44,7 +44,7 @@ from spectune.engine.device_time import sku_named
 from spectune.engine.engine import LLMEngine
 from spectune.engine.gate import GateSettings
 from spectune.engine.request_timing import RequestTiming
-from spectune.engine.sequence import SamplingParams, Sequence, Status
+from spectune.engine.sequence import MIN_ACCEPTANCE, SamplingParams, Sequence, Status
 from spectune.engine.zoo.registry import resolve_model
 from spectune.engine.zoo.training import corpus, held_out_prompts
 from spectune.sim.engine_pod import PodConfig, Request, SimEngine
@@ -180,7 +180,7 @@ def run_real(
     sku: str,
     k: int,
     max_batch_size: int,
-    min_acceptance: float = 0.2,
+    min_acceptance: float = MIN_ACCEPTANCE,
     clients: int | None = None,
 ) -> tuple[Run, LLMEngine]:
     """The real engine (tiny target + tiny draft, greedy) on the simulated SKU's clock. Its
@@ -556,7 +556,7 @@ def main() -> None:
     parser.add_argument("--output", type=int, nargs=2, default=(32, 96), metavar=("MIN", "MAX"))
     parser.add_argument("--acceptance", choices=("matched", "raw"), default="matched")
     parser.add_argument(
-        "--min-acceptance", type=float, default=0.2,
+        "--min-acceptance", type=float, default=MIN_ACCEPTANCE,
         help="the engine's pause floor (0: never pause a sequence; 1: pause after every draft)",
     )  # fmt: skip
     parser.add_argument(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spectune.engine.gate import GateSettings
+from spectune.engine.sequence import MIN_ACCEPTANCE, PAUSE_ITERATIONS
 
 METHODS = ("draft", "ngram", "none")
 ATTENTION = ("auto", "flex", "gather")
@@ -36,8 +37,8 @@ class EngineConfig:
     compile: bool = False  # CUDA: torch.compile the small ops between the matmuls
     ngram_min: int = 1
     ngram_max: int = 3
-    min_acceptance: float = 0.2  # a sequence below this recent acceptance pauses speculation
-    pause_iterations: int = 16  # ...for this many of its iterations, then retries
+    min_acceptance: float = MIN_ACCEPTANCE  # a sequence below this recent acceptance pauses
+    pause_iterations: int = PAUSE_ITERATIONS  # ...speculation for this many of its iterations
     seed: int = 0
     simulate_device: str | None = None  # a GPU SKU (device_time.SKUS): real tokens, its clock
     simulate_time_scale: float = 1.0  # modelled seconds x this = the simulated iteration's time

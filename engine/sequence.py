@@ -12,9 +12,20 @@ if TYPE_CHECKING:  # torch-free at run time: the fleet simulator schedules seque
 
 # How a sequence tracks its drafts' acceptance (`Sequence.record_acceptance`): the share of its
 # estimate kept and of the latest rate taken at each drafting iteration, and the estimate a
-# paused sequence retries from. The fleet simulator's spec runs track it in their own arrays.
-ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN = 0.7, 0.3
-RETRY_ACCEPTANCE = 0.5
+# paused sequence retries from, as a multiple of the floor (just above it: a draft still failing
+# pauses again within a few iterations, a good one climbs back). One iteration's rate is noisy
+# (k=4 drafts accepted at 0.6 a token: 0.33 on average, 0.35 its spread), so the estimate
+# averages about ten iterations: taking 0.3 of each, a floor of 0.2 paused half of such a
+# sequence's iterations, and speculation lost a fifth to a quarter of its speedup
+# (docs/PERFORMANCE.md). The fleet simulator's spec runs track it in their own arrays.
+ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN = 0.9, 0.1
+RETRY_OVER_FLOOR = 2.0
+# The default floor, a share of drafted tokens accepted: 0.05 is about 0.17 a token at k=4,
+# drafts that nearly never land. Higher floors pause sequences whose drafts still pay: in a batch
+# that speculates, one sequence's drafts cost little (the forwards run for the others), and the
+# gate, not the pause, turns speculation off where a batch's drafts do not pay. The pause, in
+# iterations of the sequence.
+MIN_ACCEPTANCE, PAUSE_ITERATIONS = 0.05, 16
 
 
 class InvalidRequest(ValueError):
@@ -79,11 +90,11 @@ class Sequence:
 
     def record_acceptance(self, rate: float, floor: float, pause: int) -> None:
         """Track recent acceptance; below `floor`, stop drafting for this sequence for
-        `pause` of its iterations, then retry from a neutral estimate."""
+        `pause` of its iterations, then retry from just above the floor."""
         self.acceptance = ACCEPTANCE_KEPT * self.acceptance + ACCEPTANCE_TAKEN * rate
         if self.acceptance < floor:
             self.paused_iterations = pause
-            self.acceptance = RETRY_ACCEPTANCE
+            self.acceptance = RETRY_OVER_FLOOR * floor
 
     def take_pause(self) -> bool:
         """True (and one pause iteration used up) while speculation is paused for this sequence."""

@@ -29,7 +29,13 @@ from spectune.engine.draft_lag import STEADY_LAG, CatchUp, catch_up
 from spectune.engine.gate import Decision, GateSettings, SpeculationGate
 from spectune.engine.request_timing import RequestTiming
 from spectune.engine.scheduler import Scheduler
-from spectune.engine.sequence import SamplingParams, Sequence, Status
+from spectune.engine.sequence import (
+    MIN_ACCEPTANCE,
+    PAUSE_ITERATIONS,
+    SamplingParams,
+    Sequence,
+    Status,
+)
 from spectune.engine.simulated_device import SimulatedDevice
 from spectune.sim.plain_run import Member, PlainRun
 from spectune.sim.spec_run import SpecRun
@@ -71,8 +77,8 @@ class PodConfig:
     tpot_s: float
     block_size: int = 16
     max_prefill_tokens: int = 8192
-    min_acceptance: float = 0.2
-    pause_iterations: int = 16
+    min_acceptance: float = MIN_ACCEPTANCE
+    pause_iterations: int = PAUSE_ITERATIONS
 
 
 @dataclass(slots=True)

@@ -36,7 +36,7 @@ from typing import Generic, TypeVar
 
 from spectune.engine.block_manager import BlockManager
 from spectune.engine.draft_lag import STEADY_LAG, CatchUp, owed
-from spectune.engine.sequence import ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN, RETRY_ACCEPTANCE
+from spectune.engine.sequence import ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN, RETRY_OVER_FLOOR
 from spectune.sim.plain_run import Member
 
 M = TypeVar("M", bound=Member)
@@ -175,7 +175,7 @@ class SpecRun(Generic[M]):
         most, draft = self.most, self.draft
         rates, rooms, since, pauses = self.rate, self.room, self.since, self.paused
         acceptances, seens, wakes = self.acceptance, self.draft_cached, self._wakes
-        kept, taken, retry = ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN, RETRY_ACCEPTANCE
+        kept, taken, retry = ACCEPTANCE_KEPT, ACCEPTANCE_TAKEN, RETRY_OVER_FLOOR * floor
         drafting, lengths = [0] * (most + 1), [0] * (most + 1)
         fed_two = fed_two_lengths = accepted = 0
         committed, idle = self.idle, self.idle

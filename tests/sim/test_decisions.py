@@ -53,12 +53,12 @@ def test_poorer_drafting_lowers_the_threshold() -> None:
 
 def test_a_raise_that_meets_poorer_drafting_is_rolled_back() -> None:
     """Drafting improves, the operator raises the threshold; the same run again with drafting
-    turning poor one second before the raise lands: the goodput check sees decode throughput
-    on the same batch mix fall and puts the lower threshold back. Same seed, no draws before
-    the turn: both runs are identical until it. The start value is 24, where the first
-    calibration measures speculation not paying: batches below it still speculate, and the
-    calibration that measures them once traffic runs there sees drafting improve (from 8,
-    below every batch the pod runs, nothing would speculate)."""
+    turning poor (0.2 a token) one second before the raise lands: the goodput check sees
+    decode throughput on the same batch mix fall and puts the lower threshold back. Same seed,
+    no draws before the turn: both runs are identical until it. The start value is 24, where
+    the first calibration measures speculation not paying: batches below it still speculate,
+    and the calibration that measures them once traffic runs there sees drafting improve
+    (from 8, below every batch the pod runs, nothing would speculate)."""
     improving = [accepted(120, 0.7)]
     spec = copy.deepcopy(BASE["spec"])
     spec["speculation"]["threshold"] = {"mode": "Auto", "value": 24}
@@ -67,7 +67,7 @@ def test_a_raise_that_meets_poorer_drafting_is_rolled_back() -> None:
     kept = run(events=improving, **base)
     raised = next(e for e in kept.events if e.reason == "ThresholdChanged" and e.at_s > 120)
     assert [e.reason for e in kept.events if e.at_s > raised.at_s][:1] == ["ThresholdVerified"]
-    turned = run(events=[*improving, accepted(raised.at_s - 1, 0.4)], **base)
+    turned = run(events=[*improving, accepted(raised.at_s - 1, 0.2)], **base)
     after = [e for e in turned.events if e.at_s >= raised.at_s]
     assert [e.reason for e in after][:2] == ["ThresholdChanged", "RolledBack"]
     assert "decode throughput on the same batch mix fell" in after[1].message
@@ -83,7 +83,7 @@ def test_a_steady_load_keeps_its_threshold_through_every_recheck() -> None:
     spec = copy.deepcopy(BASE["spec"])
     spec["tuning"]["maxAgeSeconds"] = 60
     r = run(spec=spec, traffic=TRAFFIC | {"rate": 28, "duration_s": 600})
-    rechecks = [c for c in r.calibrations if c.trigger == "MaxAge"]
+    rechecks = r.calibrations[1:]  # at their maximum age, or on the traffic's batches
     assert len(rechecks) >= 6
     assert sum(c.outcome == "ThresholdChanged" for c in rechecks) <= 1
     assert len(changes(r)) <= 2  # the first calibration's, and at most one since

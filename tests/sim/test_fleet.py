@@ -149,7 +149,7 @@ def test_a_run_makes_no_reference_cycles_so_it_runs_with_the_collector_paused() 
             {"kind": "context", "at_s": 150, "scale": 2},
             {"kind": "acceptance", "at_s": 160, "mean": 0.8},
             {"kind": "load", "at_s": 170, "scale": 0.5},
-            {"kind": "migrate", "at_s": 200, "from_sku": "A100", "to_sku": "L4"},
+            {"kind": "migrate", "at_s": 240, "from_sku": "A100", "to_sku": "L4"},
         ],
     )  # fmt: skip
     requests = arrivals(sc, 0)
