@@ -173,8 +173,9 @@ def speedup_curve(
     return points
 
 
-def find_crossover(points: Sequence[tuple[float, float]]) -> Crossover:
-    """(batch, speedup) pairs, ascending in batch → where speculation stops paying.
+def find_crossover(points: Sequence[tuple[float, float]], gain: float = 0.0) -> Crossover:
+    """(batch, speedup) pairs, ascending in batch → where speculation stops paying (by
+    `gain` or more: where speedup falls to 1 + gain).
 
     A threshold gate speculates on a prefix of batch sizes, so the prefix to pick is the
     one whose speedups multiply to the most (each measured bucket weighs the same). For
@@ -183,18 +184,19 @@ def find_crossover(points: Sequence[tuple[float, float]]) -> Crossover:
     is interpolated linearly between the last bucket of the prefix and the next one."""
     if not points:
         return Crossover("unknown")
-    gains = list(itertools.accumulate((math.log(s) for _, s in points), initial=0.0))
+    par = 1.0 + gain
+    gains = list(itertools.accumulate((math.log(s / par) for _, s in points), initial=0.0))
     best = max(range(len(gains)), key=lambda m: (gains[m], -m))  # ties: speculate less
     if best == 0:
         return Crossover("never_pays", points[0][0])
     if best == len(points):
         return Crossover("always_pays", points[-1][0])
     (b0, s0), (b1, s1) = points[best - 1], points[best]
-    return Crossover("crosses", b0 + (s0 - 1.0) / (s0 - s1) * (b1 - b0))
+    return Crossover("crosses", b0 + (s0 - par) / (s0 - s1) * (b1 - b0))
 
 
-def crossover_of(curve: Sequence[SpeedupPoint]) -> Crossover:
-    return find_crossover([(p.mean_batch, p.speedup) for p in curve])
+def crossover_of(curve: Sequence[SpeedupPoint], gain: float = 0.0) -> Crossover:
+    return find_crossover([(p.mean_batch, p.speedup) for p in curve], gain)
 
 
 def bucket_distance(a: Crossover, b: Crossover) -> int | None:

@@ -492,7 +492,9 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
     steady = (obs.now - _time(cal.reachedAt)).total_seconds() if cal.reachedAt else 0.0
     shortest = min_window(window.scrape_interval)
     settled = steady >= max(shortest, RANGE_SETTLED_SHARE * window_s)
-    estimates = estimate_by_sku(window.steps, window.noise)
+    estimates = estimate_by_sku(
+        window.steps, window.noise, gain=spec.tuning.requiredGainPercent / 100
+    )
     narrowed: tuple[Event, ...] = ()
     if (below := narrowed_below(estimates, window.skus, cal.exploreBelow)) != cal.exploreBelow:
         cal = cal.model_copy(update={"exploreBelow": below, "losesFrom": below})

@@ -234,11 +234,13 @@ def estimate(
     stats: Mapping[tuple[str, int], ModeStats],
     min_steps: int = MIN_STEPS,
     throughput_noise: Mapping[tuple[str, int], float] | None = None,
+    gain: float = 0.0,
 ) -> Estimate:
-    """The crossover of one SKU from its (mode, bucket) sums over a window, and the relative
-    standard error of each (mode, bucket)'s throughput where the window measured it."""
+    """The crossover of one SKU from its (mode, bucket) sums over a window, where speculation
+    stops paying by `gain` or more (a share: speedup 1 + gain), and the relative standard error
+    of each (mode, bucket)'s throughput where the window measured it."""
     curve = tuple(speedup_curve(stats, min_steps))
-    crossover = crossover_of(curve)
+    crossover = crossover_of(curve, gain)
     seen = [bucket for (_, bucket), s in stats.items() if s.steps > 0]
     largest = max(seen) if seen else None
     noise = speedup_noise(curve, throughput_noise or {})
@@ -248,7 +250,7 @@ def estimate(
         crossover=crossover,
         curve=curve,
         largest_batch_seen=largest,
-        reason=_reason(crossover, curve, largest, min_steps, off),
+        reason=_reason(crossover, curve, largest, min_steps, off, gain),
         noise=noise,
     )
 
@@ -282,10 +284,12 @@ def estimate_by_sku(
     stats: Mapping[str, Mapping[tuple[str, int], ModeStats]],
     noise: Mapping[str, Mapping[tuple[str, int], float]] | None = None,
     min_steps: int = MIN_STEPS,
+    gain: float = 0.0,
 ) -> dict[str, Estimate]:
     """One estimate per SKU: pods on different GPUs each get their own crossover."""
     return {
-        sku: estimate(sku, s, min_steps, (noise or {}).get(sku)) for sku, s in sorted(stats.items())
+        sku: estimate(sku, s, min_steps, (noise or {}).get(sku), gain)
+        for sku, s in sorted(stats.items())
     }
 
 
@@ -313,7 +317,9 @@ def _reason(
     largest: int | None,
     min_steps: int,
     off: int | None,
+    gain: float,
 ) -> str:
+    by = f" by {gain:.0%} or more" if gain else ""
     if crossover.status == "unknown":
         if largest is None:
             return "no decode steps in the window"
@@ -325,10 +331,10 @@ def _reason(
         stop = _bound(crossover, curve)
         if stop is not None:
             bound += f"; asks for threshold {stop}, where the measured batches end"
-        return f"speculation pays at every batch measured: crossover {bound}"
+        return f"speculation pays{by} at every batch measured: crossover {bound}"
     if crossover.status == "never_pays":
         first = curve[0].batch
-        said = f"speculation does not pay even at batch {first}, the smallest measured"
+        said = f"speculation does not pay{by} even at batch {first}, the smallest measured"
         if off is None or off == first:
             return (
                 said if first == 1 else f"{said}; off from {first} up, smaller batches not measured"
@@ -341,7 +347,8 @@ def _reason(
             return f"{said}; off at every batch: {bound}"
         return f"{said}; off from {off} up: {bound}, smaller batches not measured"
     (low, high) = _deciding(crossover, curve)
+    at = f", where speedup falls to {1 + gain:.2f}" if gain else ""
     return (
-        f"crossover at batch {crossover.batch:.1f}: speedup {low.speedup:.2f} at batch "
+        f"crossover at batch {crossover.batch:.1f}{at}: speedup {low.speedup:.2f} at batch "
         f"{low.mean_batch:.0f}, {high.speedup:.2f} at {high.mean_batch:.0f}"
     )

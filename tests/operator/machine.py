@@ -19,13 +19,16 @@ BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 
 
 def spec(mode: str = "Auto", value: int | None = 4, **tuning: int):
+    """A SpecDeployment's spec; its crossover where speedup falls to 1 (`requiredGainPercent`
+    0), where `curve` puts it, unless a test asks for a gain."""
     threshold = {"mode": mode} | ({"value": value} if value is not None else {})
+    base = {"calibrationWindowSeconds": WINDOW, "minDwellSeconds": 300, "requiredGainPercent": 0}
     return parse_spec(
         {
             "replicas": 2,
             "model": {"name": "tiny-target"},
             "speculation": {"method": "ngram", "threshold": threshold},
-            "tuning": {"calibrationWindowSeconds": WINDOW, "minDwellSeconds": 300} | tuning,
+            "tuning": base | tuning,
         }
     )
 

@@ -26,6 +26,7 @@ from spectune.operator.models import (
     CalibrationStatus,
     SkuThreshold,
     ThresholdStatus,
+    TuningSpec,
 )
 from spectune.operator.observations import FleetWindow, Traffic, served
 
@@ -100,6 +101,18 @@ def test_a_fresh_auto_deployment_calibrates_and_moves_to_the_crossover() -> None
     kept = step(s, state, observe(30 + WINDOW, window({H100: curve(12)})))
     assert reasons(kept) == ["ThresholdVerified"]
     assert kept.state.calibration.phase == "Idle" and kept.state.threshold.current == 12
+
+
+def test_by_default_a_threshold_speculates_only_where_speculation_gains_5_percent() -> None:
+    """A curve crossing 1.0 at 12, 1.05 at 10.4: the default spec asks for 11; a spec that
+    asks for no gain, 12. Goodput counts requests against a per-request TPOT, which
+    speculation spreads: where it gains less, plain decoding served more within the SLO."""
+    default = TuningSpec().requiredGainPercent
+    assert default == 5
+    for gain, threshold in ((default, 11), (0, 12)):
+        s = spec(requiredGainPercent=gain)
+        state = calibrate(s, fresh(s), 0, {H100: curve(12)})
+        assert state.threshold.current == threshold, gain
 
 
 def test_the_window_ends_the_collection_even_when_buckets_lack_samples() -> None:

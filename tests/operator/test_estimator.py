@@ -319,6 +319,39 @@ def test_a_speedup_of_exactly_one_is_where_it_crosses() -> None:
     assert est.reason == "crossover at batch 6.0: speedup 1.50 at batch 4, 1.00 at 6"
 
 
+def test_a_required_gain_puts_the_crossover_where_speedup_falls_to_it() -> None:
+    """Speculation speculates only where it gains what the spec requires: 1.5 at batch 4 and
+    1.0 at 6 cross 1.05 at 5.8; a curve gaining 3% at most pays by 5% at no batch; one gaining
+    10% at every batch measured pays by 5% at every one."""
+    stats = {
+        ("plain", 4): ModeStats(100, 400, 1.0),
+        ("spec", 4): ModeStats(100, 600, 1.0),
+        ("plain", 6): ModeStats(100, 600, 1.0),
+        ("spec", 6): ModeStats(100, 600, 1.0),
+    }
+    est = estimate("H100", stats, gain=0.05)
+    assert est.crossover.batch == pytest.approx(5.8)
+    assert est.threshold == 6
+    assert est.reason == (
+        "crossover at batch 5.8, where speedup falls to 1.05: speedup 1.50 at batch 4, 1.00 at 6"
+    )
+
+    def flat(speedup: float) -> StatsByBucket:
+        return {
+            (mode, b): ModeStats(100, round(100 * b * (speedup if mode == "spec" else 1)), 1.0)
+            for b in (4, 6)
+            for mode in ("plain", "spec")
+        }
+
+    assert estimate("H100", flat(1.03)).crossover.status == "always_pays"
+    short = estimate("H100", flat(1.03), gain=0.05)
+    assert short.crossover.status == "never_pays"
+    assert short.reason.startswith("speculation does not pay by 5% or more even at batch 4")
+    ample = estimate("H100", flat(1.1), gain=0.05)
+    assert ample.crossover.status == "always_pays"
+    assert ample.reason.startswith("speculation pays by 5% or more at every batch measured")
+
+
 def test_a_speedup_is_clear_beyond_its_noise_and_the_floor() -> None:
     """7% over 20 steps a mode is 2 standard errors (10% a step) from 1: noise; over 200, 6.
     3% is under the 5% floor however many steps measured it."""
