@@ -7,8 +7,11 @@ of N clients that never pause holds the running batch at N, so each bucket compa
 batches: three runs per N, plain only, speculation only and the calibration's 50% mix, each
 the same requests. Each prints the bucket's speedup (speculating tokens/s over plain, read
 as the operator reads it: the draft's catch-up kept out, and the draft prefill a mix's spec
-steps carry beyond steady speculation's, `steady_prefill_excess`) steady and mixed, and what
-makes the difference: a spec step's time and its tokens.
+steps carry beyond steady speculation's, `steady_prefill_excess`) steady and mixed, what
+makes the difference (a spec step's time and its tokens), and what goodput counts: the
+requests' TPOT, median and p90, steady speculation's over plain decoding's (each request
+drafts at its own rate, so speculation spreads TPOT where plain decoding does not:
+`tuning.requiredGainPercent`).
 
     .venv/bin/python benchmarks/calibration_bias.py                     # L4, acceptance 0.6
     .venv/bin/python benchmarks/calibration_bias.py --sku A100 --acceptance 0.7 --spread 0 \\
@@ -43,9 +46,19 @@ class Bucket:
         return self.tokens / self.seconds
 
 
-def closed_loop(args: argparse.Namespace, clients: int, gate: GateSettings) -> dict[str, Bucket]:
+@dataclass(frozen=True)
+class Run:
+    buckets: dict[str, Bucket]  # mode -> the bucket holding the loop's batch
+    tpot: list[float]  # each request's seconds per output token after its first, sorted
+
+    def tpot_at(self, q: float) -> float:
+        return self.tpot[min(len(self.tpot) - 1, int(q * len(self.tpot)))]
+
+
+def closed_loop(args: argparse.Namespace, clients: int, gate: GateSettings) -> Run:
     """`args.requests` requests from `clients` clients that each send the next as soon as one
-    finishes; mode -> the bucket holding batch `clients`."""
+    finishes; the bucket holding batch `clients` per mode, and the requests' TPOT (past the
+    first tenth, while the loop fills)."""
     config = PodConfig(
         sku=sku_named(args.sku),
         method="draft",
@@ -93,7 +106,12 @@ def closed_loop(args: argparse.Namespace, clients: int, gate: GateSettings) -> d
             if mode == "spec":
                 seconds -= steady_prefill_excess(prefill, tokens["spec"], tokens["plain"])
             out[mode] = Bucket(steps, seconds, tokens[mode])
-    return out
+    tpot = [
+        (r.done_at - r.first_token_at) / (r.output_tokens - 1)
+        for r in sent[len(sent) // 10 :]
+        if r.done_at is not None and r.first_token_at is not None and r.output_tokens > 1
+    ]
+    return Run(out, sorted(tpot))
 
 
 def main() -> int:
@@ -115,19 +133,23 @@ def main() -> int:
     )
     print(
         "| batch | speedup, steady | speedup, calibration's mix | mix / steady | "
-        "spec step ms, steady / mix | spec tokens a step, steady / mix |"
+        "spec step ms, steady / mix | spec tokens a step, steady / mix | "
+        "TPOT p50 / p90, steady over plain |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for n in args.batches:
-        plain = closed_loop(args, n, GateSettings(threshold=0))["plain"]
-        steady = closed_loop(args, n, GateSettings(threshold=None))["spec"]
-        mix = closed_loop(args, n, GateSettings(threshold=None, exploration=0.5))
-        s, m = steady.rate / plain.rate, mix["spec"].rate / mix["plain"].rate
+        plain = closed_loop(args, n, GateSettings(threshold=0))
+        steady = closed_loop(args, n, GateSettings(threshold=None))
+        mixed = closed_loop(args, n, GateSettings(threshold=None, exploration=0.5)).buckets
+        p, spec = plain.buckets["plain"], steady.buckets["spec"]
+        s, m = spec.rate / p.rate, mixed["spec"].rate / mixed["plain"].rate
+        p50, p90 = (steady.tpot_at(q) / plain.tpot_at(q) for q in (0.5, 0.9))
         print(
             f"| {n} | {s:.3f} | {m:.3f} | {m / s:.3f} | "
-            f"{1000 * steady.seconds / steady.steps:.1f} / "
-            f"{1000 * mix['spec'].seconds / mix['spec'].steps:.1f} | "
-            f"{steady.tokens / steady.steps:.2f} / {mix['spec'].tokens / mix['spec'].steps:.2f} |"
+            f"{1000 * spec.seconds / spec.steps:.1f} / "
+            f"{1000 * mixed['spec'].seconds / mixed['spec'].steps:.1f} | "
+            f"{spec.tokens / spec.steps:.2f} / {mixed['spec'].tokens / mixed['spec'].steps:.2f} | "
+            f"{p50:.3f} / {p90:.3f} |"
         )
     return 0
 

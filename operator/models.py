@@ -361,10 +361,11 @@ class TuningSpec(Spec):
         description="re-measure the crossover after this long even if nothing changed",
     )
     # Goodput counts requests against a per-request TPOT, and speculation spreads TPOT across
-    # requests (each drafts at its own acceptance) where plain decoding does not: in a closed
-    # loop on a simulated L4 drafting at 0.44 +/- 0.1 a token, at batch 8 mean TPOT was 2.5%
-    # better speculating and p90 8.5% worse, and on a busy L4 fleet every threshold speculating
-    # where speedup read 1.00-1.05 lost goodput to plain decoding (docs/PERFORMANCE.md).
+    # requests (each drafts at its own acceptance) where plain decoding does not: in
+    # benchmarks/calibration_bias.py's closed loop on a simulated L4 drafting at 0.44 +/- 0.1 a
+    # token, at batch 4 speculation decoded 3% faster and its requests' p90 TPOT was 9% longer,
+    # and on a busy L4 fleet every threshold speculating where speedup read 1.00-1.05 lost
+    # goodput to plain decoding (docs/PERFORMANCE.md).
     requiredGainPercent: int = Field(
         5,
         ge=0,
