@@ -24,7 +24,7 @@ the goodput under an SLO, simulated over real, while the clients kept sending.
 
 Usage: .venv/bin/python benchmarks/sim_fidelity.py [--sku L4] [--requests 64]
            [--max-batch-size 32] [--k 4] [--acceptance matched|raw] [--pooled] [--seed 0]
-           [--min-acceptance 0.1] [--exploration 0.2] [--prompt 16 96] [--output 32 96]
+           [--min-acceptance 0.05] [--exploration 0.2] [--prompt 16 96] [--output 32 96]
            [--clients 24 [--think 500] [--slo 1000 60]]
 """
 

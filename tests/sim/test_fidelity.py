@@ -90,10 +90,10 @@ def test_plain_steps_cost_what_the_engine_charges(tiny_pair) -> None:
         # Every drafting step pauses its sequence (its acceptance estimate stays below 1):
         # sequences admitted together spend most steps all paused, with no draft forward.
         (8, 4, 1.0, True),
-        # The engine's pausing: in the tail, whether the few sequences left are all paused
-        # decides a step's cost (67 or 108 ms on the L4), and iid acceptance pauses less
-        # often than real text's runs of rejections (up to 18% apart at batch 1): only the
-        # full batch is compared.
+        # Pausing at a floor of 0.2 (the engine's before f329268): in the tail, whether the
+        # few sequences left are all paused decides a step's cost (67 or 108 ms on the L4), and
+        # iid acceptance pauses less often than real text's runs of rejections (up to 18%
+        # apart at batch 1): only the full batch is compared.
         (8, 4, 0.2, False),
     ],
     ids=["unpaused", "unpaused-alone", "all-paused", "pausing-full-batch"],
