@@ -331,7 +331,7 @@ def _reason(
         stop = _bound(crossover, curve)
         if stop is not None:
             bound += f"; asks for threshold {stop}, where the measured batches end"
-        return f"speculation pays{by} at every batch measured: crossover {bound}"
+        return f"speculation pays at every batch measured{by}: crossover {bound}"
     if crossover.status == "never_pays":
         first = curve[0].batch
         said = f"speculation does not pay{by} even at batch {first}, the smallest measured"
