@@ -726,7 +726,7 @@ def _decide(
     old = thresholds_by_sku(state)
     measured_before = state.threshold.source == "Measured"
     auto = t.mode == "Auto"
-    per_sku, events, changed = [], [], False
+    per_sku, events, changed, waiting = [], [], False, False
     targets: dict[str, int | None] = {}  # per SKU: what the threshold should be
     for sku, est in estimates.items():
         current = old.get(sku, state.threshold.current)
@@ -761,6 +761,7 @@ def _decide(
             )
         move = auto and damped.action == "change"
         changed |= move
+        waiting |= auto and damped.action == "wait"
         per_sku.append(
             SkuThreshold(
                 sku=sku,
@@ -826,7 +827,13 @@ def _decide(
         covered=_covered(cal.baseline, estimates, local=cal.trigger == "Traffic"),
         outcomes=_outcomes(cal.baseline, estimates),
     )
-    update: dict[str, object] = {"baseline": baseline}
+    # A move the dwell holds back leaves the last measurement the baseline: whatever started
+    # this calibration still stands against it, so it starts another once the dwell has passed
+    # (`retryAfter`), and the move is made on a fresh measurement. Recorded as this one's, it
+    # would answer the trigger and the threshold would run against its own measurement until
+    # the next one (19 minutes of speculating where drafting had collapsed, 24 where 6 was
+    # measured, after a rollback had restarted the dwell; spectune-sim).
+    update: dict[str, object] = {} if waiting else {"baseline": baseline}
     if changed:
         before_thresholds = {sku: old.get(sku, state.threshold.current) for sku in window.steps}
         update |= {
@@ -843,7 +850,10 @@ def _decide(
         per_sku=tuple(per_sku),
         calibration=cal.model_copy(update=update),
     )
-    return Step(new, tuple(events)) if changed else _finish(new, now, *events)
+    if changed:
+        return Step(new, tuple(events))
+    due = _iso(last_change + dwell) if waiting and last_change is not None else None
+    return _finish(new, now, *events, retry_after=due)
 
 
 def _verify(spec: SpecDeploymentSpec, state: State, obs: Observation, window: FleetWindow) -> Step:

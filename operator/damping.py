@@ -39,12 +39,13 @@ def _bucket_index(threshold: int | None) -> float:
     return -1 if threshold == 0 else BATCH_BUCKETS.index(batch_bucket(threshold))
 
 
-Action = Literal["change", "hold"]
+# wait: a move the minimum dwell holds back for now (hold: one not worth making)
+Action = Literal["change", "hold", "wait"]
 
 
 @dataclass(frozen=True)
 class Damped:
-    """What to run: `threshold` is the current value on hold, the new one on change."""
+    """What to run: `threshold` is the current value on hold or wait, the new one on change."""
 
     action: Action
     threshold: int | None
@@ -77,5 +78,5 @@ def damp(
         )
     if last_change is not None and now - last_change < min_dwell:
         wait = duration_text(min_dwell - (now - last_change))
-        return Damped("hold", current, f"{current} -> {target} waits {wait} for the minimum dwell")
+        return Damped("wait", current, f"{current} -> {target} waits {wait} for the minimum dwell")
     return Damped("change", target, f"threshold {current} -> {target}")

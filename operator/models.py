@@ -494,7 +494,8 @@ class CalibrationStatus(BaseModel):
     retryAfter: str | None = Field(
         None,
         description="no trigger before this: the last calibration ended without a measurement "
-        "kept (failed, aborted, cancelled or rolled back)",
+        "kept (failed, aborted, cancelled or rolled back) or with a move the minimum dwell "
+        "held back (re-measured once it has passed)",
     )
     config: SpeculationKey | None = Field(
         None, description="the configuration this calibration measures (a spec change ends it)"

@@ -818,6 +818,31 @@ def test_damping_holds_a_move_within_the_dwell_time_or_the_dead_band() -> None:
     assert light.threshold.current == 2 and light.calibration.phase == "Verifying"
 
 
+def test_a_move_the_dwell_holds_back_is_re_measured_once_the_dwell_has_passed() -> None:
+    """A replica change re-measures 3.5 minutes after the last change (the dwell is 5) and
+    finds the crossover at 32: the move waits. The last measurement stays the baseline, so the
+    replica change still stands against it: nothing starts before the dwell has passed
+    (`retryAfter`), then a calibration makes the move. Kept as the baseline, the held
+    measurement answered the trigger, and 12 ran against a curve crossing at 32 until some
+    other change (in spectune-sim, a threshold of 24 speculated 19 minutes where drafting had
+    collapsed and 6 was measured)."""
+    s = spec()
+    state = measured(s)
+    assert state.calibration.changedAt is not None
+    due = datetime.fromisoformat(state.calibration.changedAt) + timedelta(minutes=5)
+    scaled = {"replicas": 3, "before": elsewhere()}
+    held = calibrate(s, state, 3 * WINDOW, {H100: curve(32)}, **scaled)
+    assert held.threshold.current == 12 and held.calibration.phase == "Idle"
+    assert held.crossover.batchSize == 32  # what it measured, shown
+    assert held.calibration.baseline == state.calibration.baseline
+    assert held.calibration.retryAfter is not None
+    assert datetime.fromisoformat(held.calibration.retryAfter) == due
+    early = (due - T0).total_seconds() - 10
+    assert step(s, held, observe(early, window(elsewhere()), replicas=3)).state == held
+    moved = calibrate(s, held, early + 10, {H100: curve(32)}, **scaled)
+    assert moved.threshold.current == 32 and moved.calibration.phase == "Verifying"
+
+
 def test_the_dead_band_widens_to_the_crossovers_own_error() -> None:
     """A curve that creeps through 1 between batches 24 and 32 (1.005, 0.995) puts the crossover
     at 28, two buckets below the 48 measured before, and neither bucket flipped is clear of 1.

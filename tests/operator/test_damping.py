@@ -44,9 +44,9 @@ def test_a_move_within_the_dead_band_holds() -> None:
     assert d.message == "threshold 16 -> 32"
 
 
-def test_a_move_before_the_minimum_dwell_holds_and_says_how_long() -> None:
+def test_a_move_before_the_minimum_dwell_waits_and_says_how_long() -> None:
     d = damp(16, 64, 1, 256, last_change=T0 - timedelta(minutes=2), now=T0, min_dwell=DWELL)
-    assert (d.action, d.threshold) == ("hold", 16)
+    assert (d.action, d.threshold) == ("wait", 16)
     assert d.message == "16 -> 64 waits 3m00s for the minimum dwell"
     d = damp(16, 64, 1, 256, last_change=T0 - DWELL, now=T0, min_dwell=DWELL)
     assert (d.action, d.threshold) == ("change", 64)
