@@ -20,6 +20,7 @@ from spectune.operator.damping import duration_text
 from spectune.operator.estimator import MIN_STEPS, RARE_SHARE
 from spectune.operator.models import Outcome, SpecDeploymentSpec
 from spectune.operator.observations import Traffic
+from spectune.operator.verification import slo_share_drop
 
 # Initial: nothing measured yet (a new SpecDeployment, or Manual switched to Auto).
 TriggerKind = Literal["Initial", "Replicas", "Sku", "Traffic", "MaxAge", "Spec"]
@@ -144,31 +145,37 @@ def traffic_shifted(
     windows: int = 3,
     outcomes: Mapping[str, Outcome] | None = None,
 ) -> Reason | None:
-    """Signals that moved more than `percent` from the baseline, in the same direction, in
-    each of the last `windows` windows, when one moves the curve in a way the last
-    measurement (`outcomes`, per SKU) does not already answer: speedup pushed up where
-    speculation paid at every batch measured on every SKU, or down where it paid at none,
-    leaves it true. The message names every signal that moved (longer prompts also slow the
-    request rate: which moved tells what changed). One noisy window, or noise within the
-    percent, never fires; a window where the signal is unknown breaks the run."""
-    if len(recent) < windows:
-        return None
-    last = recent[-windows:]
+    """Signals that moved from the baseline, in the same direction, by more than `percent` in
+    each of the last `windows` windows, when one moves the curve in a way the last measurement
+    (`outcomes`, per SKU) does not already answer: speedup pushed up where speculation paid at
+    every batch measured on every SKU, or down where it paid at none, leaves it true. A move
+    that pushes speedup down (lower acceptance, shorter outputs) in the last window while the
+    SLO-met share fell beyond noise from the window before fires at once: speculation where it
+    stopped paying costs requests every window it runs unnoticed, and two signals that agree
+    in one window are not one noisy window (drafting falling from 0.6 to 0.25 a token on a
+    busy L4 fleet lost 46% of the goodput of the five minutes after it while three windows
+    passed, spectune-sim). The message names every signal that moved (longer prompts also
+    slow the request rate: which moved tells what changed). One noisy window, or noise within
+    the percent, never fires; a window where the signal is unknown breaks the run."""
     moved: list[str] = []
     pushes: set[int] = set()  # which way the moved signals push speedup
+    hurt = _slo_fell(recent)
     for label, (attr, rising) in TRAFFIC_SIGNALS.items():
         base = getattr(baseline, attr)
         if base is None or base <= 0:
             continue
-        values = [getattr(w, attr) for w in last]
-        if any(v is None for v in values):
-            continue
-        changes = [(v - base) / base * 100 for v in values]
-        if all(c > percent for c in changes) or all(c < -percent for c in changes):
-            median = sorted(values)[len(values) // 2]
+        values = [getattr(w, attr) for w in recent]
+        held = _held_move(base, values, percent, windows)
+        last = _held_move(base, values, percent, 1) if hurt is not None else None
+        if held is None and last is not None and (rising or 0) * last[0][0] < 0:
+            held = last  # slows speculation, and requests miss their SLO
+        if held is not None:
+            changes, median = held
+            n = len(changes)
             moved.append(
                 f"{label} moved by at least {min(changes, key=abs):+.0f}% "
-                f"({base:.3g} -> {median:.3g})"
+                f"({base:.3g} -> {median:.3g}) over {n} window{'s' if n > 1 else ''}"
+                + (f" while the {hurt}" if n < windows else "")
             )
             if rising is not None:
                 pushes.add(rising if changes[0] > 0 else -rising)
@@ -178,9 +185,34 @@ def traffic_shifted(
         return None
     return Reason(
         "Traffic",
-        f"{'; '.join(moved)} over {windows} windows, beyond the {percent:g}% trafficChangePercent",
+        f"{'; '.join(moved)}, beyond the {percent:g}% trafficChangePercent",
         near=True,
     )
+
+
+def _slo_fell(recent: Sequence[Traffic]) -> str | None:
+    """How the SLO-met share fell from the window before the last to the last, where it fell
+    beyond noise (the goodput check's test, with the windows before as its history)."""
+    if len(recent) < 2:
+        return None
+    check = slo_share_drop(recent[-2], recent[-1], recent[:-1], since="the last")
+    if check is None or check.verdict != "roll_back":
+        return None
+    return check.message
+
+
+def _held_move(
+    base: float, values: Sequence[float | None], percent: float, windows: int
+) -> tuple[list[float], float] | None:
+    """The changes (%) over the last `windows` values and their median value, where each is
+    beyond `percent` the same way; else None."""
+    known = [v for v in values[-windows:] if v is not None]
+    if len(known) < windows:  # too few windows yet, or one unknown
+        return None
+    changes = [(v - base) / base * 100 for v in known]
+    if all(c > percent for c in changes) or all(c < -percent for c in changes):
+        return changes, sorted(known)[windows // 2]
+    return None
 
 
 def past_bound(

@@ -15,6 +15,10 @@ from spectune.operator.observations import ServedByBucket, Traffic
 
 Verdict = Literal["keep", "roll_back", "unknown"]
 
+# The SLO-met share's test: a fall beyond Z standard errors, in windows of MIN_REQUESTS or more
+# whose request rates are within LOAD_TOLERANCE (a busier window misses more SLOs anyway).
+Z, LOAD_TOLERANCE, MIN_REQUESTS = 3.0, 0.25, 50
+
 
 @dataclass(frozen=True)
 class GoodputCheck:
@@ -113,10 +117,10 @@ def compare_goodput(
     after: Traffic,
     decode: SameMixSpeedup | None,
     history: Sequence[Traffic] = (),
-    z: float = 3.0,
+    z: float = Z,
     min_covered: float = 0.5,
-    load_tolerance: float = 0.25,
-    min_requests: int = 50,
+    load_tolerance: float = LOAD_TOLERANCE,
+    min_requests: int = MIN_REQUESTS,
     speculates_less: bool = False,
 ) -> GoodputCheck:
     """Keep or roll back a threshold change, from windows before and after it.
@@ -144,7 +148,7 @@ def compare_goodput(
             f"change flipped (more than the {decode.margin:.0%} their noise allows; "
             f"{decode.covered:.0%} of their decode time compared)",
         )
-    slo = _slo_share_drop(before, after, history, z, load_tolerance, min_requests)
+    slo = slo_share_drop(before, after, history, z, load_tolerance, min_requests)
     if slo is not None and slo.verdict == "roll_back" and not (speculates_less and usable):
         return slo
     if speedup is None and (slo is None or slo.verdict == "unknown"):
@@ -158,15 +162,18 @@ def compare_goodput(
     return GoodputCheck("keep", kept)
 
 
-def _slo_share_drop(
+def slo_share_drop(
     before: Traffic,
     after: Traffic,
     history: Sequence[Traffic],
-    z: float,
-    load_tolerance: float,
-    min_requests: int,
+    z: float = Z,
+    load_tolerance: float = LOAD_TOLERANCE,
+    min_requests: int = MIN_REQUESTS,
+    since: str = "the change",
 ) -> GoodputCheck | None:
-    """The SLO-met share's verdict; None when neither window measured it."""
+    """The SLO-met share's verdict (compare_goodput's second measure: "roll_back" where it
+    fell beyond noise, from `before` to `after`, `since` naming what came between); None when
+    neither window measured it."""
     p0, p1 = before.slo_met_share, after.slo_met_share
     if p0 is None or p1 is None:
         return None
@@ -186,7 +193,7 @@ def _slo_share_drop(
     moved = max((abs(b - a) for a, b in itertools.pairwise(shares)), default=0.0)
     if p1 < p0 and (p0 - p1) > max(z * se, moved):
         also = (
-            f", and beyond the {moved:.1%} it moved between the windows before the change"
+            f", and beyond the {moved:.1%} it moved between the windows before {since}"
             if len(shares) > 1
             else ""
         )

@@ -31,6 +31,7 @@ def traffic(
     acceptance: float = 0.6,
     prompt: float = 64.0,
     engines: float = 1.0,
+    slo_met: float = 0.95,
 ) -> Traffic:
     requests = rate * WINDOW
     return Traffic(
@@ -38,6 +39,8 @@ def traffic(
         engines=engines,
         requests=requests,
         ok_requests=requests,
+        rejected_requests=0.0,
+        slo_met=requests * slo_met,
         prompt_tokens=requests * prompt,
         decode_tokens=requests * tokens,
         drafted_tokens=1000.0,
@@ -143,11 +146,39 @@ def test_a_shift_held_for_the_windows_fires_naming_the_signal(
     assert "30% trafficChangePercent" in reason.message
 
 
+def test_a_move_that_slows_speculation_as_requests_miss_their_slo_fires_at_once() -> None:
+    """Drafting that collapses (or outputs that shorten) slows speculation where it runs, and
+    costs requests every window it goes unnoticed: in the window where the SLO-met share also
+    fell beyond noise from the one before, it fires, naming both. Either alone waits for the
+    windows, as does a move that speeds speculation up, or a change of prompt length."""
+    base, poorer = traffic(), traffic(acceptance=0.3)
+    missing = traffic(acceptance=0.3, slo_met=0.6)
+    reason = traffic_shifted(base, [base, base, missing], percent=30)
+    assert reason is not None and reason.message == (
+        "acceptance rate moved by at least -50% (0.6 -> 0.3) over 1 window while the SLO-met "
+        "share fell from 95.0% to 60.0% (beyond noise, and beyond the 0.0% it moved between "
+        "the windows before the last), beyond the 30% trafficChangePercent"
+    )
+    assert traffic_shifted(base, [base, missing], percent=30) is not None
+    assert traffic_shifted(base, [missing], percent=30) is None  # nothing to compare with
+    assert traffic_shifted(base, [base, base, poorer], percent=30) is None  # SLO held
+    assert traffic_shifted(base, [base, base, traffic(slo_met=0.6)], percent=30) is None
+    assert traffic_shifted(base, [base, base, traffic(acceptance=0.5, slo_met=0.6)], 30) is None
+    busier = traffic(rate=20, acceptance=0.3, slo_met=0.6)  # load not comparable: no verdict
+    assert traffic_shifted(base, [base, base, busier], percent=30) is None
+    shorter = traffic_shifted(base, [base, traffic(tokens=50, slo_met=0.6)], percent=30)
+    assert shorter is not None and shorter.message.startswith("output tokens per request")
+    for up in ({"acceptance": 0.9}, {"tokens": 200}, {"prompt": 512}):
+        assert traffic_shifted(base, [base, traffic(**up, slo_met=0.6)], percent=30) is None
+
+
 def test_every_signal_that_moved_is_named() -> None:
     base, longer = traffic(), traffic(rate=5, prompt=512)
     reason = traffic_shifted(base, [longer] * 3, percent=30)
     assert reason is not None
-    assert reason.message.startswith("request rate per engine moved by at least -50% (10 -> 5); ")
+    assert reason.message.startswith(
+        "request rate per engine moved by at least -50% (10 -> 5) over 3 windows; "
+    )
     assert "prompt tokens per request moved by at least +700% (64 -> 512) over 3" in reason.message
     assert "acceptance" not in reason.message and "output" not in reason.message
 

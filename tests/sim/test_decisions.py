@@ -74,6 +74,32 @@ def test_a_raise_that_meets_poorer_drafting_is_rolled_back() -> None:
     assert [p.threshold for p in turned.thresholds if p.at_s <= after[1].at_s][-1] == 24
 
 
+def test_when_load_then_drafting_fall_auto_serves_more_than_any_fixed_threshold() -> None:
+    """The claim Auto exists for, end to end. A busy pod drafting at 0.7 a token; at 4 minutes
+    (of 15) the load halves, at 6 drafting falls to 0.25. Speculation meets the 15 ms TPOT SLO
+    before the fall (plain decoding, about 16 ms when busy, misses it) and misses it after
+    (plain, about 14.5 ms, meets it). The busy minutes' batches are where the quiet ones' threshold
+    must be wrong: the load falls, so a threshold that speculates at the busy batches
+    speculates at the quiet ones too. Auto re-measures one window after the fall, as the
+    acceptance rate it reads falls while requests miss their SLO (three windows and a half
+    before that rule), and serves 1.5x the best fixed policy (always)."""
+    spec = copy.deepcopy(BASE["spec"])
+    spec["slo"]["tpotMilliseconds"] = 15
+    falls = [{"kind": "load", "at_s": 240, "scale": 0.5}, accepted(360, 0.25)]
+    result = simulate(scenario(
+        traffic=TRAFFIC | {"duration_s": 900}, spec=spec, events=falls,
+        policies=["auto", "never", "always", 8, 16, 32],
+    ))  # fmt: skip
+    auto, *fixed = result.runs
+    best = max(fixed, key=lambda r: r.goodput)
+    assert auto.goodput > 1.3 * best.goodput, [(r.policy, r.goodput) for r in result.runs]
+    fall = next(c for c in auto.calibrations if c.started_s > 360)
+    assert fall.trigger == "Traffic" and fall.started_s <= 360 + 2 * 60
+    assert auto.thresholds[-1].threshold == 8  # speculation off at every batch the pod runs
+    never = fixed[0]
+    assert auto.windows[-1].slo_met >= 0.95 * never.windows[-1].slo_met  # as plain serves it
+
+
 def test_a_steady_load_keeps_its_threshold_through_every_recheck() -> None:
     """No flapping: re-checked every minute (maxAgeSeconds 60) on the same load, the
     threshold moves at most once after the first calibration in ten minutes (the issue's
