@@ -374,6 +374,12 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
         return Step(state)  # ... or the engines' first seconds
     if obs.unscraped or window_too_short(spec, interval):
         return Step(state)  # metrics first: exploring what cannot be measured only costs
+    if interval is None:
+        # ... nor what cannot be judged yet: an engine counts once scraped (its first sample
+        # old enough), and until a second scrape the interval, and so whether the window
+        # holds enough scrapes, is unknown (at 30 s scrapes a calibration started with one
+        # scrape seen, then was found too short for its window)
+        return Step(state)
     reason = trigger(spec, cal, obs)
     if reason is None:
         return Step(state)

@@ -210,6 +210,19 @@ def test_a_window_holding_too_few_scrapes_is_refused_with_the_reason() -> None:
     assert metrics_condition(ok)["status"] == "True"
 
 
+def test_nothing_explores_before_a_second_scrape_shows_the_interval() -> None:
+    """An engine counts as scraped once its first sample is old enough, and until a second
+    the scrape interval is unknown, so is whether the window holds enough scrapes: no
+    calibration starts. (The kube-prometheus-stack e2e saw one start at 30 s scrapes on the
+    first, then the window refused: `tests/chart/test_prometheus_operator.py`.)"""
+    s = spec()
+    first = tune("llm", s, {}, 1, PODS, ROLLOUT, observe(0, window(interval=None)), {}, LEASE)
+    assert first.state.calibration.phase == "Idle" and all(e.lease is None for e in first.engines)
+    assert first.events == ()
+    second = tune("llm", s, {}, 1, PODS, ROLLOUT, observe(0, window(interval=5.0)), {}, LEASE)
+    assert [e.reason for e in second.events] == ["CalibrationStarted"]
+
+
 def test_the_targets_are_asked_why_only_for_pods_overdue_and_the_condition_names_the_cause() -> (
     None
 ):
