@@ -79,9 +79,12 @@ class Estimate:
     @property
     def confidence(self) -> float:
         """0..1: CONFIDENT_SE over the noisiest deciding bucket's relative error, at most 1
-        (1/3 when a 15% step in speedup is only three standard errors)."""
+        (1/3 when a 15% step in speedup is only three standard errors). Noise measured as
+        exactly zero (deterministic step times) is full confidence."""
         noisiest = self.noisiest
-        return 0.0 if noisiest is None else min(1.0, CONFIDENT_SE / noisiest[1])
+        if noisiest is None:
+            return 0.0
+        return 1.0 if noisiest[1] <= CONFIDENT_SE else CONFIDENT_SE / noisiest[1]
 
     @property
     def known(self) -> bool:

@@ -389,3 +389,18 @@ def test_the_dead_band_is_one_bucket_or_what_the_crossovers_error_spans() -> Non
     steep = {16: 1.3, 24: 1.1, 32: 0.9, 48: 0.7}
     assert with_noise(steep, 0.023).dead_band == 1
     assert with_noise({16: 1.3, 24: 1.2}, 0.05).dead_band == 1  # always pays
+
+
+def test_noise_measured_as_exactly_zero_is_full_confidence_not_a_division_by_zero() -> None:
+    """Deterministic step times (a simulated clock, a replayed sweep) measure each mode's
+    throughput with no spread at all: the estimate is certain, and asking how certain must not
+    raise (issue 59, I)."""
+    stats: dict[tuple[str, int], ModeStats] = {}
+    for b, speedup in {8: 1.3, 16: 1.1, 24: 0.9}.items():
+        stats[("plain", b)] = ModeStats(100, 100 * b, 1.0)
+        stats[("spec", b)] = ModeStats(100, 200 * b, 2.0 / speedup)
+    exact = estimate("H100", stats, throughput_noise=dict.fromkeys(stats, 0.0))
+    assert exact.crossover.status == "crosses"
+    assert exact.confidence == 1.0
+    assert exact.dead_band == 1
+    assert all(exact.clearly(p, pays=p.speedup > 1) for p in exact.curve)
