@@ -15,6 +15,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
 from spectune.engine.contract import BATCH_BUCKETS
 from spectune.engine.crossover import ModeStats, StatsByBucket
@@ -101,6 +102,17 @@ EXPLORE_RANGE = 4
 VERIFY_WINDOWS = 3
 
 
+# Why a turn has no window to decide on: the Degraded condition's reason, and what it says.
+# Every one of them is handled alike (exploration aborted, verification extended up to its
+# deadline): no failure of a read or a decision may stall the state machine.
+BlindReason = Literal["PrometheusUnavailable", "MetricsReadFailed", "DecisionFailed"]
+BLIND_REASONS: Mapping[BlindReason, str] = {
+    "PrometheusUnavailable": "Prometheus unavailable",
+    "MetricsReadFailed": "reading the engines' metrics failed",
+    "DecisionFailed": "deciding on the engines' metrics failed",
+}
+
+
 @dataclass(frozen=True)
 class Observation:
     """What the operator saw this time round."""
@@ -108,13 +120,19 @@ class Observation:
     now: datetime
     replicas: int  # ready engine pods
     settled: bool  # every desired pod ready and up to date: no calibration mid-rollout
-    window: FleetWindow | None  # over `window_seconds(...)`; None: Prometheus unavailable
+    window: FleetWindow | None  # over `window_seconds(...)`; None: no window (`error` says why)
     recent: Sequence[tuple[datetime, Traffic]] = ()  # (read at, window), oldest first
     error: str | None = None  # why `window` is None
+    error_reason: BlindReason = "PrometheusUnavailable"  # what kind of failure `error` is
     selector: str = ""  # the label matchers the engines were read with
     unscraped: tuple[str, ...] = ()  # ready pods without fresh engine series in `window`
     ready_at: datetime | None = None  # when the last of the ready pods became ready
     scrape_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)  # pod -> why
+
+    @property
+    def blind(self) -> str:
+        """Why this turn has no window, for Events and conditions."""
+        return f"{BLIND_REASONS[self.error_reason]} ({self.error})"
 
     def scrape_interval_or(self, last: float | None) -> float | None:
         """The scrape interval this read saw, else `last` (the one seen before): a failed read,
@@ -354,10 +372,10 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
         return _interrupted(spec, state, obs.now, moved)
     if obs.window is None:
         if cal.phase == "Exploring":
-            why = f"Prometheus unavailable ({obs.error}): threshold kept, exploration lowered"
+            why = f"{obs.blind}: threshold kept, exploration lowered"
             return _give_up(spec, state, obs.now, Event("CalibrationAborted", why, warning=True))
         if cal.phase == "Verifying":
-            return _unverified(spec, state, obs.now, f"Prometheus unavailable ({obs.error})")
+            return _unverified(spec, state, obs.now, obs.blind)
         return Step(state)
     if cal.phase == "Exploring":
         return _explore(spec, state, obs, obs.window)

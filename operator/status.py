@@ -142,15 +142,15 @@ def rollout_conditions(
     ]
 
 
-def prometheus_down(
-    conditions: list[Condition], error: str, now: datetime, previous: list[dict]
+def blind(
+    conditions: list[Condition], reason: str, why: str, now: datetime, previous: list[dict]
 ) -> list[Condition]:
-    """Degraded while the autotuner cannot read Prometheus (the threshold is kept), unless the
-    rollout already says why it is degraded: that is the more urgent news."""
+    """Degraded for `reason` while a turn has no window to decide on (Prometheus unavailable,
+    a read or a decision that failed: the threshold is kept), unless the rollout already says
+    why it is degraded: that is the more urgent news."""
     out = []
     for c in conditions:
         if c.type == "Degraded" and c.status == "False":
-            message = f"cannot read Prometheus, threshold kept: {error[:300]}"
-            c = condition("Degraded", True, "PrometheusUnavailable", message, now, previous)
+            c = condition("Degraded", True, reason, f"{why[:300]}: threshold kept", now, previous)
         out.append(c)
     return out

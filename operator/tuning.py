@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,14 +22,16 @@ from spectune.operator.fleet_memory import pod_skus
 from spectune.operator.models import Condition, SpecDeploymentSpec, SpecDeploymentStatus
 from spectune.operator.observations import FleetWindow, MetricsUnavailable, Traffic
 from spectune.operator.status import (
+    blind,
     condition,
     merge_patch,
-    prometheus_down,
     ready_since,
     rollout_conditions,
     threshold_status,
     unready_pods,
 )
+
+log = logging.getLogger(__name__)
 
 # A ready engine that Prometheus scrapes has fresh, warm series this long after it became
 # ready (the reader's 15 s warm-up and 30 s staleness), or five scrape intervals where those
@@ -116,10 +119,15 @@ def observe(
     seconds = autotune.window_seconds(spec, state.calibration, now, ready_at, interval)
     try:
         window = read(seconds)
-    except MetricsUnavailable as err:
+    except Exception as err:  # whatever a read raises, the state machine goes on without it
+        unexpected = not isinstance(err, MetricsUnavailable)
+        if unexpected:
+            log.exception("reading the engines' metrics failed")
         return Observation(
-            now, ready, settled, None, error=str(err), selector=selector, ready_at=ready_at
-        )
+            now, ready, settled, None, error=str(err) if not unexpected else repr(err)[:300],
+            error_reason="MetricsReadFailed" if unexpected else "PrometheusUnavailable",
+            selector=selector, ready_at=ready_at,
+        )  # fmt: skip
     problems: Mapping[str, str] = {}
     serving = ready_pods(pods)
     late = overdue(serving, [p for p in serving if p not in window.engines], now, window)
@@ -173,7 +181,7 @@ def tune(
         scraped = observation.window.engines
         missing = tuple(sorted(pod for pod in ready if pod not in scraped))
         observation = dataclasses.replace(observation, unscraped=missing)
-    tuned = autotune.step(spec, before, observation)
+    tuned, observation = decide(spec, before, observation)
     state = tuned.state
     events = tuned.events
     skus = pod_skus(known_skus, observation.window, (p["metadata"]["name"] for p in live))
@@ -196,7 +204,7 @@ def tune(
     conditions = rollout_conditions(spec.replicas, dict(rollout), unready, previous, now)
     conditions.append(condition("Calibrated", *autotune.calibrated(spec, state), now, previous))
     if observation.error:
-        conditions = prometheus_down(conditions, observation.error, now, previous)
+        conditions = blind(conditions, observation.error_reason, observation.blind, now, previous)
     if spec.speculation.threshold.mode != "Manual":
         metrics = metrics_available(spec, observation, ready, previous)
         conditions.append(metrics)
@@ -222,6 +230,23 @@ def tune(
     return Turn(state, events, patch, config, engines, skus)
 
 
+def decide(
+    spec: SpecDeploymentSpec, state: State, observation: Observation
+) -> tuple[autotune.Step, Observation]:
+    """`autotune.step`, and the observation it decided on. Where it raises (a window no test
+    foresaw), the step of a turn without a window: a raising decision must not stall the state
+    machine, so exploration is lowered and a change under verification still meets its
+    deadline (rolled back), while the Degraded condition says why."""
+    try:
+        return autotune.step(spec, state, observation), observation
+    except Exception as err:
+        log.exception("deciding on the engines' metrics failed")
+        blind = dataclasses.replace(
+            observation, window=None, error=repr(err)[:300], error_reason="DecisionFailed"
+        )
+        return autotune.step(spec, state, blind), blind
+
+
 def metrics_available(
     spec: SpecDeploymentSpec,
     observation: Observation,
@@ -234,8 +259,8 @@ def metrics_available(
     usual cause on a fresh install); a window holding too few scrapes says so."""
     now = observation.now
     if observation.window is None:
-        why = f"cannot read Prometheus: {(observation.error or '')[:200]}"
-        return condition("MetricsAvailable", False, "PrometheusUnavailable", why, now, previous)
+        why = observation.blind[:300]
+        return condition("MetricsAvailable", False, observation.error_reason, why, now, previous)
     interval = observation.window.scrape_interval
     late = overdue(ready, observation.unscraped, now, observation.window)
     if late:

@@ -84,15 +84,24 @@ def fleet_window(
 ) -> FleetWindow:
     """Step sums per (SKU, mode, bucket) and traffic over the window from the `answers` to
     FIGURES, and the throughput's noise from the window's `batches`, asked over `pods` (the
-    fresh, warm engines) only. A figure without an answer is unknown (None), never zero."""
+    fresh, warm engines) only. A figure without an answer is unknown (None), never zero; a
+    non-finite sample (NaN, +/-Inf: a histogram without observations, a division in a
+    recording rule) is a missing one."""
+    answers = {
+        name: {key: v for key, v in values.items() if math.isfinite(v)}
+        for name, values in answers.items()
+    }
+    batches = {
+        key: [(t, s) for t, s in runs if math.isfinite(t) and math.isfinite(s)]
+        for key, runs in (batches or {}).items()
+    }
 
     def total(figure: str) -> float | None:
         values = answers.get(figure, {}).values()
         return sum(values) if values else None
 
     def one(figure: str, *key: str) -> float | None:
-        value = answers.get(figure, {}).get(key)
-        return None if value is None or math.isnan(value) else value
+        return answers.get(figure, {}).get(key)
 
     steps: dict[str, StatsByBucket] = {}
     seconds, tokens = answers.get("step_seconds", {}), answers.get("step_tokens", {})
@@ -127,7 +136,7 @@ def fleet_window(
         engines=float(len(pods)) if pods else None,
     )
     noise: dict[str, dict[tuple[str, int], float]] = {}
-    for (sku, mode, batch), per_batch in (batches or {}).items():
+    for (sku, mode, batch), per_batch in batches.items():
         if mode in c.MODES and batch.isdigit() and (se := throughput_noise(per_batch)) is not None:
             noise.setdefault(sku, {})[(mode, int(batch))] = se
     return FleetWindow(

@@ -7,8 +7,8 @@ from typing import Any
 
 from spectune.operator.models import ThresholdStatus, parse_spec
 from spectune.operator.status import (
+    blind,
     merge_patch,
-    prometheus_down,
     rollout_conditions,
     threshold_status,
     unready_pods,
@@ -62,13 +62,17 @@ def test_ready_when_every_replica_is_ready_and_the_transition_time_holds() -> No
 
 def test_prometheus_down_degrades_unless_the_rollout_already_does() -> None:
     rollout = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
-    down = prometheus_down(rollout_conditions(2, rollout, [], [], NOW), "refused", NOW, [])
+    down = blind(
+        rollout_conditions(2, rollout, [], [], NOW), "PrometheusUnavailable", "refused", NOW, []
+    )
     degraded = next(c for c in down if c.type == "Degraded")
     assert degraded.status == "True" and degraded.reason == "PrometheusUnavailable"
     assert "refused" in degraded.message and "threshold kept" in degraded.message
     failure = {"type": "ReplicaFailure", "status": "False", "reason": "FailedCreate"}
     failing = rollout | {"conditions": [failure]}
-    (*_, rollout_says) = prometheus_down(rollout_conditions(2, failing, [], [], NOW), "x", NOW, [])
+    (*_, rollout_says) = blind(
+        rollout_conditions(2, failing, [], [], NOW), "PrometheusUnavailable", "x", NOW, []
+    )
     assert rollout_says.reason == "FailedCreate"
 
 

@@ -254,3 +254,52 @@ def test_the_targets_are_asked_why_only_for_pods_overdue_and_the_condition_names
     assert quiet.scrape_problems == {} and quiet.window is only_e0
     general = metrics_condition(tune("llm", s, {}, 1, pods, ROLLOUT, quiet, {}, LEASE))
     assert "check that a PodMonitor or scrape config selects these pods" in general["message"]
+
+
+def verifying_state() -> tuple[autotune.State, float]:
+    """A threshold just moved (4 -> 12) and under verification; the second: when it moved."""
+    s = spec()
+    state = autotune.step(s, fresh(s), observe(0, window())).state
+    moved = autotune.step(s, state, observe(60, window({H100: curve(12)})))
+    assert moved.state.calibration.phase == "Verifying", moved.events
+    return moved.state, 60.0
+
+
+def test_a_read_that_raises_anything_is_a_turn_without_a_window() -> None:
+    """Not only MetricsUnavailable: whatever a read raises, the turn goes on without a window
+    and says so (issue 59, H)."""
+
+    def broken(seconds: int) -> FleetWindow:
+        raise ValueError("cannot convert float NaN to integer")
+
+    seen = observe_turn(spec(), fresh(spec()), PODS, T0, broken, [], "{}", 5.0)
+    assert seen.window is None and seen.error_reason == "MetricsReadFailed"
+    assert "NaN" in (seen.error or "")
+    t = tune("llm", spec(), {}, 1, PODS, ROLLOUT, seen, {}, LEASE)
+    degraded = next(c for c in t.status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "MetricsReadFailed")
+
+
+def test_a_decision_that_raises_still_rolls_back_at_the_verification_deadline(
+    monkeypatch,
+) -> None:
+    """A window no test foresaw makes the decision raise in every turn: the turn still commits,
+    Degraded says why, and a change under verification is rolled back at its deadline rather
+    than kept unverified forever (issue 59, H)."""
+    state, changed = verifying_state()
+
+    def raises(*_a, **_k):
+        raise RuntimeError("an unforeseen window")
+
+    monkeypatch.setattr(autotune, "_verify", raises)
+    status = status_of(state)
+    deadline = changed + autotune.VERIFY_WINDOWS * 60
+    for at in range(int(changed) + 10, int(deadline) + 20, 10):
+        t = tune("llm", spec(), status, 1, PODS, ROLLOUT, observe(at, window()), {}, LEASE)
+        status = {**status, **t.status}
+        degraded = next(c for c in t.status["conditions"] if c["type"] == "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "DecisionFailed")
+        if t.state.calibration.phase == "Idle":
+            break
+    assert at >= deadline and [e.reason for e in t.events] == ["RolledBack"]
+    assert t.state.threshold.current == 4

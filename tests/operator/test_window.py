@@ -105,3 +105,22 @@ def test_staleness_and_warm_up_stretch_to_the_scrape_interval(
     intervals and warm after two (a counter's two samples)."""
     assert freshness(30.0, 15.0, interval) == expected
     assert freshness(30.0, 0.0, interval)[1] == 0.0  # no warm-up asked: none added
+
+
+def test_a_non_finite_sample_is_a_missing_sample_not_a_crash() -> None:
+    """NaN or Inf in any series (a recording rule's division, a counter gone wrong) reads as no
+    answer for that series: the window is built, the figure unknown (issue 59, H). Before, a NaN
+    step count raised in round() and crashed every turn."""
+    nan, inf = float("nan"), float("inf")
+    answers: Answers = {
+        "steps": {("L4", "spec", "8"): nan, ("L4", "plain", "8"): 20},
+        "step_seconds": {("L4", "spec", "8"): 0.3, ("L4", "plain", "8"): inf},
+        "step_tokens": {("L4", "spec", "8"): 290, ("L4", "plain", "8"): 20},
+        "requests": {("ok",): inf},
+        "running": {(): -inf},
+    }
+    batches = {("L4", "spec", "8"): [(110.0, 1.0), (nan, 1.0), (90.0, inf), (100.0, 1.0)]}
+    window = fleet_window({"a": info("a", "L4")}, 60, answers, 2.0, batches)
+    assert window.steps == {"L4": {("plain", 8): ModeStats(20, 20, 0.0)}}
+    assert window.traffic.requests is None and window.traffic.mean_running is None
+    assert window.noise == {}  # two finite batches are too few to measure it
