@@ -44,7 +44,7 @@ from spectune.operator.triggers import (
     below_floor,
     past_bound,
     replicas_changed,
-    skus_changed,
+    skus_unmeasured,
     spec_changed,
     too_old,
     traffic_shifted,
@@ -327,27 +327,37 @@ def _next_edge(batch: int) -> int | None:
     return next((b for b in BATCH_BUCKETS if b > batch), None)
 
 
-def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) -> Reason | None:
+def trigger(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Reason | None:
     """The first change since the last measurement, in order of how much it moves the curve.
-    Only a calibration that ended without a kept measurement backs off (`retryAfter`): a fleet
-    change right after a good one is looked at in the next turn."""
-    if cal.retryAfter is not None and obs.now < _time(cal.retryAfter):
+    Only a calibration that ended without a kept measurement, or with a move the dwell held
+    back, waits (`retryAfter`): a fleet change right after a good one is looked at in the next
+    turn. A new configuration (a spec change, a GPU SKU not measured yet) does not wait for the
+    dwell, which damps moves, not measurements of something new; calibrations that keep
+    failing (`failures`) hold every trigger, or the one that failed would start again at once."""
+    cal = state.calibration
+    held = cal.retryAfter is not None and obs.now < _time(cal.retryAfter)
+    if held and cal.failures:
         return None
     base = cal.baseline
     if base is None:
-        return Reason("Initial", "no crossover measured yet")
+        return None if held else Reason("Initial", "no crossover measured yet")
     assert obs.window is not None
-    baseline_traffic = _traffic(base.traffic)
     measured = _time(base.measuredAt)
+    max_age = timedelta(seconds=spec.tuning.maxAgeSeconds)
+    aged = too_old(measured, obs.now, max_age)
+    new = spec_changed(
+        SpecKey(base.model, base.draft, base.method, base.k), SpecKey.of(spec)
+    ) or skus_unmeasured(measured_skus(state), obs.window.skus, obs.now, None if aged else max_age)
+    if new is not None or held:
+        return new
+    baseline_traffic = _traffic(base.traffic)
     # only windows wholly after the measurement: older ones saw the fleet it replaced, or the
     # calibration itself (whose batches the measurement already covers)
     recent = [t for at, t in obs.recent if at - timedelta(seconds=t.seconds) >= measured]
     after = obs.now - measured >= timedelta(seconds=spec.tuning.calibrationWindowSeconds)
     steps = obs.window.steps if after else {}
     return (
-        spec_changed(SpecKey(base.model, base.draft, base.method, base.k), SpecKey.of(spec))
-        or skus_changed(frozenset(base.skus), obs.window.skus)
-        or replicas_changed(base.replicas, obs.replicas, base.covered, steps)
+        replicas_changed(base.replicas, obs.replicas, base.covered, steps)
         or (
             traffic_shifted(
                 baseline_traffic, recent, spec.tuning.trafficChangePercent, outcomes=base.outcomes
@@ -357,8 +367,20 @@ def trigger(spec: SpecDeploymentSpec, cal: CalibrationStatus, obs: Observation) 
         )
         or past_bound(base.bounds, steps)
         or below_floor(base.floors, steps)
-        or too_old(measured, obs.now, timedelta(seconds=spec.tuning.maxAgeSeconds))
+        or aged
     )
+
+
+def measured_skus(state: State) -> dict[str, datetime]:
+    """GPU SKU -> when its crossover was last measured: the last calibration's SKUs then, and
+    each SKU in status by its own time where that is later (a SKU the last calibration did not
+    see keeps its threshold and its age)."""
+    base = state.calibration.baseline
+    out = {sku: _time(base.measuredAt) for sku in base.skus} if base is not None else {}
+    for p in state.per_sku:
+        if p.measuredAt is not None and (p.sku not in out or _time(p.measuredAt) > out[p.sku]):
+            out[p.sku] = _time(p.measuredAt)
+    return out
 
 
 def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
@@ -373,7 +395,8 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
     if obs.window is None:
         if cal.phase == "Exploring":
             why = f"{obs.blind}: threshold kept, exploration lowered"
-            return _give_up(spec, state, obs.now, Event("CalibrationAborted", why, warning=True))
+            aborted = Event("CalibrationAborted", why, warning=True)
+            return _give_up(spec, state, obs.now, aborted, failed=why)
         if cal.phase == "Verifying":
             return _unverified(spec, state, obs.now, obs.blind)
         return Step(state)
@@ -398,7 +421,7 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
         # holds enough scrapes, is unknown (at 30 s scrapes a calibration started with one
         # scrape seen, then was found too short for its window)
         return Step(state)
-    reason = trigger(spec, cal, obs)
+    reason = trigger(spec, state, obs)
     if reason is None:
         return Step(state)
     key = SpecKey.of(spec)
@@ -466,12 +489,27 @@ def _finish(state: State, now: datetime, *events: Event, retry_after: str | None
     return Step(dataclasses.replace(state, calibration=cal), events)
 
 
-def _give_up(spec: SpecDeploymentSpec, state: State, now: datetime, *events: Event) -> Step:
+def _give_up(
+    spec: SpecDeploymentSpec,
+    state: State,
+    now: datetime,
+    *events: Event,
+    failed: str | None = None,
+) -> Step:
     """End a calibration that kept nothing it measured (failed, aborted, cancelled, rolled
     back): the next trigger waits one window, so that it is retried once a window, not in
-    every turn."""
-    retry = now + timedelta(seconds=spec.tuning.calibrationWindowSeconds)
-    return _finish(state, now, *events, retry_after=_iso(retry))
+    every turn. One that `failed` to measure anything (why: too little traffic, Prometheus
+    gone) waits twice as long as the failure before it, up to the maximum age, and status says
+    why: traffic too thin to measure explored half the time, failing every minute, forever."""
+    cal = state.calibration
+    update: dict[str, object] = {}
+    windows = 1
+    if failed is not None:
+        update = {"failures": cal.failures + 1, "message": failed}
+        windows = 2**cal.failures
+    wait = min(windows * spec.tuning.calibrationWindowSeconds, spec.tuning.maxAgeSeconds)
+    counted = dataclasses.replace(state, calibration=cal.model_copy(update=update))
+    return _finish(counted, now, *events, retry_after=_iso(now + timedelta(seconds=wait)))
 
 
 def reached(window: FleetWindow, before: Mapping[str, list[int]]) -> dict[str, list[int]]:
@@ -553,7 +591,8 @@ def _explore(spec: SpecDeploymentSpec, state: State, obs: Observation, window: F
         if (past := past_range(window, cal.exploreBelow)) is not None:
             return _kept_past_range(spec, state, obs, window, past)
         why = "no SKU has a batch bucket measured in both modes: threshold kept, retrying"
-        return _give_up(spec, state, obs.now, Event("CalibrationFailed", why, warning=True))
+        failed = Event("CalibrationFailed", why, warning=True)
+        return _give_up(spec, state, obs.now, failed, failed=why)
     return _decide(spec, state, obs, window, estimates)
 
 
@@ -666,7 +705,8 @@ def _kept_past_range(
             floors={sku: f for sku, f in floors.items() if f > lowest_threshold},
             outcomes=dict.fromkeys(window.skus, "never_pays"),
         )
-    kept = dataclasses.replace(state, calibration=cal.model_copy(update={"baseline": baseline}))
+    update = {"baseline": baseline, "failures": 0}
+    kept = dataclasses.replace(state, calibration=cal.model_copy(update=update))
     said = ", ".join(f"{sku} {t}" for sku, t in sorted(runs.items()))
     why = (
         f"traffic ran at batch {lowest} and up, past the batches this calibration explores "
@@ -795,6 +835,7 @@ def _decide(
                 confidencePercent=round(est.confidence * 100),
                 pods=pods.get(sku, 0),
                 curve=est.compact_curve(),
+                measuredAt=_iso(now),
             )
         )
         verb = "ThresholdChanged" if move else "ThresholdKept"
@@ -857,7 +898,7 @@ def _decide(
     # would answer the trigger and the threshold would run against its own measurement until
     # the next one (19 minutes of speculating where drafting had collapsed, 24 where 6 was
     # measured, after a rollback had restarted the dwell; spectune-sim).
-    update: dict[str, object] = {} if waiting else {"baseline": baseline}
+    update: dict[str, object] = {"failures": 0} | ({} if waiting else {"baseline": baseline})
     if changed:
         before_thresholds = {sku: old.get(sku, state.threshold.current) for sku in window.steps}
         update |= {
@@ -984,6 +1025,14 @@ def calibrated(spec: SpecDeploymentSpec, state: State) -> tuple[bool, str, str]:
     cal = state.calibration
     if mode == "Manual":
         return False, "Manual", "threshold pinned by spec.speculation.threshold.value"
+    if cal.phase == "Idle" and cal.failures:
+        ran = "the last calibration" if cal.failures == 1 else f"{cal.failures} calibrations"
+        message = (
+            f"{ran} in a row measured nothing ({cal.message}); the next starts after "
+            f"{cal.retryAfter} at the earliest, each waiting twice as long as the last (up to "
+            "tuning.maxAgeSeconds)"
+        )
+        return cal.baseline is not None, "CalibrationFailing", message
     if cal.baseline is None:
         if cal.phase == "Exploring":
             return False, "Calibrating", cal.message or ""

@@ -423,6 +423,12 @@ class SkuThreshold(BaseModel):
     confidencePercent: int = 0
     pods: int = 0
     curve: dict[str, float] = Field(default_factory=dict, description=CURVE)
+    measuredAt: str | None = Field(
+        None,
+        description="when this SKU's crossover was last measured: a SKU whose pods leave and "
+        "come back runs this threshold again, re-measured only once this is older than "
+        "tuning.maxAgeSeconds",
+    )
 
 
 class BucketSums(BaseModel):
@@ -495,7 +501,15 @@ class CalibrationStatus(BaseModel):
         None,
         description="no trigger before this: the last calibration ended without a measurement "
         "kept (failed, aborted, cancelled or rolled back) or with a move the minimum dwell "
-        "held back (re-measured once it has passed)",
+        "held back (re-measured once it has passed). A spec change or a GPU SKU not measured "
+        "yet re-measures at once all the same, unless calibrations are failing",
+    )
+    failures: int = Field(
+        0,
+        ge=0,
+        description="calibrations in a row that measured nothing (too little traffic, "
+        "Prometheus gone): each waits twice as long as the one before to retry, up to "
+        "tuning.maxAgeSeconds",
     )
     config: SpeculationKey | None = Field(
         None, description="the configuration this calibration measures (a spec change ends it)"

@@ -92,12 +92,33 @@ def replicas_changed(
     return None
 
 
-def skus_changed(before: frozenset[str], now: frozenset[str]) -> Reason | None:
-    """The GPU SKUs under the pods (node labels or the engines' `device` label). An empty
-    set is unknown (no pod placed or scraped yet), not a change."""
-    if not before or not now or before == now:
+def skus_unmeasured(
+    measured: Mapping[str, datetime],
+    now: frozenset[str],
+    at: datetime,
+    max_age: timedelta | None,
+) -> Reason | None:
+    """GPU SKUs that pods run on with no measurement of their own (node labels or the engines'
+    `device` label): new to the deployment, or last measured `max_age` ago or longer (None: not
+    asked; the MaxAge trigger re-measures the whole fleet). A SKU that left and came back with
+    its measurement still in status (an HPA scaling the only L4 pod away and back) runs its own
+    threshold again and re-measures nothing, nor does a SKU that left. An empty set is unknown
+    (no pod placed or scraped yet), not a change; so is a deployment nothing was measured on
+    yet (the Initial trigger's)."""
+    if not measured or not now:
         return None
-    return Reason("Sku", f"GPU SKUs changed from {_names(before)} to {_names(now)}")
+    new = frozenset(s for s in now if s not in measured)
+    aged = frozenset(
+        s for s in now if s in measured and max_age is not None and at - measured[s] >= max_age
+    )
+    said = []
+    if new:
+        said.append(f"pods run on {_names(new)}, not measured yet")
+    if aged:
+        said.append(f"{_names(aged)} last measured {duration_text(max_age)} ago or longer")
+    if not said:
+        return None
+    return Reason("Sku", f"GPU SKUs: {'; '.join(said)} (measured: {_names(frozenset(measured))})")
 
 
 def _names(skus: frozenset[str]) -> str:

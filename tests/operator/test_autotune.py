@@ -565,7 +565,7 @@ POORER = dataclasses.replace(traffic(), accepted_tokens=300.0)  # acceptance 0.6
     ("change", "kind", "words"),
     [
         ({"replicas": 3, "steps": elsewhere()}, "Replicas", "replicas changed from 2 to 3"),
-        ({"pods": {"e-0": L4, "e-1": L4}}, "Sku", f"from {H100} to {L4}"),
+        ({"pods": {"e-0": L4, "e-1": L4}}, "Sku", f"pods run on {L4}, not measured yet"),
         ({"spec": {"numSpeculativeTokens": 6}}, "Spec", "k 4 -> 6"),
         ({"loads": (POORER,) * 3}, "Traffic", "acceptance rate moved by at least -50%"),
         ({"later": 3600}, "MaxAge", "maximum age"),
@@ -754,7 +754,7 @@ def test_a_first_calibration_with_traffic_only_where_speculation_lost_keeps_its_
     base = state.calibration.baseline
     assert base is not None and base.replicas == 2 and base.skus == [H100]
     assert base.outcomes == {H100: "never_pays"} and base.floors == {H100: 4} and not base.bounds
-    assert autotune.trigger(s, state.calibration, observe(2 * WINDOW, plain)) is None
+    assert autotune.trigger(s, state, observe(2 * WINDOW, plain)) is None
 
 
 def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new_traffic() -> None:
@@ -915,3 +915,74 @@ def test_a_range_widens_past_the_buckets_that_clearly_pay_and_stops_where_one_lo
     assert autotune.widened_below(crossing, {H100}, 24, 48) == 24
     unmeasured = estimate_by_sku({H100: curve(200, buckets=(16, 24))})  # nothing at the top, 8
     assert autotune.widened_below(unmeasured, {H100}, 12, 48) == 12
+
+
+def test_a_spec_change_re_measures_at_once_while_the_dwell_holds_a_move() -> None:
+    """The dwell held a move back (`retryAfter` at its end, an hour away); k then changes from
+    4 to 6. The engines run a threshold measured for k = 4: the dwell damps moves, not the
+    measurement of a new configuration, so a calibration starts in the next turn (issue 59, C:
+    nothing started for the hour)."""
+    s = spec(minDwellSeconds=3600)
+    state = measured(s)
+    scaled = {"replicas": 3, "before": elsewhere()}
+    held = calibrate(s, state, 3 * WINDOW, {H100: curve(32)}, **scaled)
+    assert held.calibration.retryAfter is not None and held.calibration.failures == 0
+    k6 = s.model_copy(
+        update={"speculation": s.speculation.model_copy(update={"numSpeculativeTokens": 6})}
+    )
+    soon = observe(5 * WINDOW, window(elsewhere()), replicas=3)
+    assert step(s, held, soon).state == held  # the same configuration waits for the dwell
+    started = step(k6, held, soon)
+    assert started.state.calibration.trigger == "Spec"
+    assert "k 4 -> 6" in started.events[0].message
+
+
+def test_a_sku_that_leaves_and_comes_back_with_its_threshold_in_status_re_measures_nothing() -> (
+    None
+):
+    """An HPA scales a mixed fleet's only L4 pod away, then back: both SKUs' thresholds stand
+    in status, so neither move explores (issue 59, E: each fired the SKU trigger and re-explored
+    every batch); a SKU the deployment never ran on does."""
+    s = spec()
+    pods = {"e-0": H100, "e-1": L4}
+    state = step(s, fresh(s), observe(0, window(pods=pods))).state
+    both = window({H100: curve(12), L4: curve(32)}, pods=pods)
+    state = step(s, state, observe(30, both)).state
+    state = step(s, state, observe(30 + WINDOW, both)).state
+    assert state.calibration.phase == "Idle" and {p.sku for p in state.per_sku} == {H100, L4}
+    away = observe(1000, window(pods={"e-0": H100}), replicas=1)
+    assert step(s, state, away).state == state
+    back = observe(1600, window(pods=pods), replicas=2)
+    assert step(s, state, back).state == state
+    a100 = observe(1600, window(pods={"e-0": H100, "e-1": "NVIDIA-A100-SXM4-40GB"}))
+    assert step(s, state, a100).state.calibration.trigger == "Sku"
+
+
+def test_calibrations_that_measure_nothing_back_off_doubling_and_say_why() -> None:
+    """Traffic too thin to measure: every calibration fails for want of a bucket in both modes.
+    Each retry waits twice as long as the one before, up to the maximum age, and the Calibrated
+    condition says why and until when (issue 59, G: Started, Failed every minute, forever, at
+    half the iterations explored). A measurement ends the back-off."""
+    s = spec(maxAgeSeconds=600)
+    state, at, waits = fresh(s), 0.0, []
+    thin = window({H100: PLAIN_16})
+    for _ in range(5):
+        started = step(s, state, observe(at, thin))
+        assert reasons(started) == ["CalibrationStarted"]
+        early = step(s, started.state, observe(at + WINDOW / 2, thin))
+        assert early.state.calibration.phase == "Exploring"
+        failed = step(s, early.state, observe(at + WINDOW, thin))
+        assert reasons(failed) == ["CalibrationFailed"]
+        state = failed.state
+        retry = datetime.fromisoformat(state.calibration.retryAfter or "")
+        waits.append((retry - (T0 + timedelta(seconds=at + WINDOW))).total_seconds())
+        at = (retry - T0).total_seconds()
+        before = observe(at - 1, thin)
+        assert step(s, state, before).state == state  # nothing before the retry is due
+    assert waits == [60, 120, 240, 480, 600]
+    ok, reason, message = autotune.calibrated(s, state)
+    assert (ok, reason) == (False, "CalibrationFailing")
+    assert message.startswith("5 calibrations in a row measured nothing (no SKU has a batch")
+    assert state.calibration.retryAfter in message
+    kept = calibrate(s, state, at, {H100: curve(12)})
+    assert kept.calibration.failures == 0 and kept.calibration.baseline is not None

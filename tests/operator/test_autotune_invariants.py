@@ -113,7 +113,7 @@ def test_a_calibration_that_sees_one_sku_keeps_the_others_threshold() -> None:
     s = spec()
     state = two_skus_measured(s)
     h100_only = {"e-0": H100}  # the L4 pod unscraped this time (or scaled away and back)
-    later = 1000
+    later = 3700  # past the maximum age: a SKU that leaves starts nothing by itself
     again = step(s, state, observe(later, window(pods=h100_only), replicas=1)).state
     again = step(s, again, observe(later + 30, window({H100: curve(48)}, h100_only), 1)).state
     assert {p.sku: p.threshold for p in again.per_sku} == {H100: 48, L4: 32}

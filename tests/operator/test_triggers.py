@@ -14,7 +14,7 @@ from spectune.operator.observations import Traffic
 from spectune.operator.triggers import (
     SpecKey,
     replicas_changed,
-    skus_changed,
+    skus_unmeasured,
     spec_changed,
     too_old,
     traffic_shifted,
@@ -73,13 +73,25 @@ def test_replicas_re_measure_only_where_the_load_leaves_the_measured_batches() -
     assert old is not None and old.message == "replicas changed from 2 to 3"
 
 
-def test_skus_name_both_sets_and_an_unknown_set_is_no_change() -> None:
-    assert skus_changed(frozenset({H100}), frozenset({H100})) is None
-    assert skus_changed(frozenset({H100}), frozenset()) is None  # pods not placed yet
-    assert skus_changed(frozenset(), frozenset({H100})) is None  # nothing measured before
-    reason = skus_changed(frozenset({H100}), frozenset({A100, H100}))
+def test_a_sku_re_measures_only_when_new_or_aged_and_an_unknown_set_is_no_change() -> None:
+    """Pods on a SKU not measured yet re-measure; a SKU that left, or one that left and came back
+    with its measurement younger than the maximum age, does not (issue 59, E: an HPA scaling a
+    mixed fleet's only L4 pod away and back re-explored every batch twice)."""
+    age = timedelta(hours=1)
+    h100 = {H100: T0}
+    assert skus_unmeasured(h100, frozenset({H100}), T0, age) is None
+    assert skus_unmeasured(h100, frozenset(), T0, age) is None  # pods not placed yet
+    assert skus_unmeasured({}, frozenset({H100}), T0, age) is None  # nothing measured before
+    both = {H100: T0, A100: T0 - timedelta(minutes=50)}
+    assert skus_unmeasured(both, frozenset({H100}), T0, age) is None  # the A100 left
+    assert skus_unmeasured(both, frozenset({A100, H100}), T0, age) is None  # ... and is back
+    reason = skus_unmeasured(h100, frozenset({A100, H100}), T0, age)
     assert reason is not None and reason.kind == "Sku"
-    assert reason.message == f"GPU SKUs changed from {H100} to {A100}, {H100}"
+    assert reason.message == f"GPU SKUs: pods run on {A100}, not measured yet (measured: {H100})"
+    aged = skus_unmeasured(both, frozenset({A100, H100}), T0 + timedelta(minutes=10), age)
+    assert aged is not None and aged.message == (
+        f"GPU SKUs: {A100} last measured 1h00m ago or longer (measured: {A100}, {H100})"
+    )
 
 
 def test_spec_changes_of_model_draft_method_or_k_and_not_of_the_threshold() -> None:
