@@ -756,15 +756,20 @@ def _outcomes(before: Baseline | None, estimates: Mapping[str, Estimate]) -> dic
     return kept | {s: e.crossover.status for s, e in estimates.items()}
 
 
-def _floor(estimate: Estimate, runs: int | None) -> int | None:
-    """Below which batch a SKU speculates unmeasured after a calibration that measured
+def _floor(estimate: Estimate, runs: int | None, covered: Sequence[int] | None) -> int | None:
+    """Below which batch a SKU's traffic is unmeasured after a calibration that measured
     speculation paying at no batch: its smallest measured batch, or the threshold the SKU keeps
-    where that is lower (batches between them run plain, the side that costs no more than the
-    speedup a re-measure could find). None for other curves."""
+    where that is lower and the standing measurement (`covered`, the smallest and largest
+    bucket measured in both modes) reaches down to it: batches between them were measured, and
+    run plain, the side that costs no more than the speedup a re-measure could find. A lower
+    threshold that no standing measurement reaches is no evidence: a threshold of 1 left from a
+    noisy calibration, kept because "does not pay from 24 up" agrees with it, never speculated
+    at batches 1-16 where speculation paid, and nothing re-measured them (an e2e on a busy
+    machine). None for other curves."""
     floor = estimate.floor
-    if floor is None or runs is None:
+    if floor is None or runs is None or runs >= floor:
         return floor
-    return min(floor, runs)
+    return runs if covered is not None and covered[0] <= runs else floor
 
 
 def _pods_by_sku(window: FleetWindow) -> dict[str, int]:
@@ -869,6 +874,7 @@ def _decide(
         curve=main_estimate.compact_curve(),
     )
     key = cal.config or SpeculationKey(**dataclasses.asdict(SpecKey.of(spec)))
+    covered = _covered(cal.baseline, estimates, local=cal.trigger == "Traffic")
     baseline = Baseline(
         replicas=obs.replicas,
         skus=sorted(window.skus),
@@ -887,9 +893,9 @@ def _decide(
         floors={
             sku: floor
             for sku, e in estimates.items()
-            if (floor := _floor(e, runs[sku])) is not None and floor > t.min
+            if (floor := _floor(e, runs[sku], covered.get(sku))) is not None and floor > t.min
         },
-        covered=_covered(cal.baseline, estimates, local=cal.trigger == "Traffic"),
+        covered=covered,
         outcomes=_outcomes(cal.baseline, estimates),
     )
     # A move the dwell holds back leaves the last measurement the baseline: whatever started

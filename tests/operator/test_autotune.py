@@ -466,7 +466,7 @@ def test_traffic_below_a_floor_re_measures_the_batches_it_reaches() -> None:
 
 @pytest.mark.parametrize(
     ("buckets", "asked"),
-    [((1, 2, 4), 6), ((32, 48), 21)],
+    [((1, 2, 4), 6), ((32, 48), 32)],
     ids=["load fell: pays at every batch it reaches", "load rose: pays at none"],
 )
 def test_a_load_away_from_a_measured_crossover_keeps_it(buckets, asked) -> None:
@@ -474,7 +474,8 @@ def test_a_load_away_from_a_measured_crossover_keeps_it(buckets, asked) -> None:
     replicas changed) sees traffic only on one side of it: paying at every batch up to 4, or at
     none from 32, says nothing against 21, so the threshold does not follow the load there and
     back. The bound still tells the past-bound trigger where the measured batches end; the
-    floor tells its mirror where speculation runs (below 21; 21-31 run plain)."""
+    floor tells its mirror where they start now (32: the replica calibration's range replaced
+    the one that measured 21, so traffic back below 32 measures it again, issue 59, O)."""
     s = spec(minDwellSeconds=0)
     state = measured(s, crossover=20)
     assert (state.threshold.current, state.threshold.source) == (21, "Measured")
@@ -502,7 +503,7 @@ def test_a_one_sided_measurement_still_moves_a_start_value() -> None:
 def test_paying_at_no_measured_batch_never_raises_a_start_value() -> None:
     """A busy fleet measured only at 128, where speculation does not pay: the start value 16
     stands (raising it to 128 would speculate at every unmeasured batch below 128), and the
-    floor trigger watches the batches that still speculate unmeasured, those below 16."""
+    floor trigger watches the batches the measurement did not reach."""
     s = spec(value=16, minDwellSeconds=0)
     state = fresh(s)
     started = step(s, state, observe(WINDOW, window({H100: curve(10, buckets=(128,))})))
@@ -513,11 +514,14 @@ def test_paying_at_no_measured_batch_never_raises_a_start_value() -> None:
     after = decided.state
     assert (after.threshold.current, after.threshold.source) == (16, "Spec")
     assert after.calibration.baseline is not None
-    assert after.calibration.baseline.floors == {H100: 16}
-    between = window({H100: curve(10, buckets=(24, 32, 48))})  # plain there: no re-measure
-    assert step(s, after, observe(4 * WINDOW, between)).state == after
-    below = window({H100: curve(10, buckets=(8, 12))})
-    assert step(s, after, observe(4 * WINDOW, below)).state.calibration.trigger == "Traffic"
+    # speculation runs unmeasured below 16, and the batches from 16 to 63 (its loss at 128
+    # bounds speedup below 1 from 64) run plain by a start value no measurement reached:
+    # traffic below 64 measures them (issue 59, O)
+    assert after.calibration.baseline.floors == {H100: 64}
+    at_128 = window({H100: curve(10, buckets=(128,))})
+    assert step(s, after, observe(4 * WINDOW, at_128)).state == after
+    between = window({H100: curve(10, buckets=(24, 32, 48))})
+    assert step(s, after, observe(4 * WINDOW, between)).state.calibration.trigger == "Traffic"
 
 
 def test_paying_at_no_measured_batch_lowers_a_start_value_above_them() -> None:
@@ -986,3 +990,30 @@ def test_calibrations_that_measure_nothing_back_off_doubling_and_say_why() -> No
     assert state.calibration.retryAfter in message
     kept = calibrate(s, state, at, {H100: curve(12)})
     assert kept.calibration.failures == 0 and kept.calibration.baseline is not None
+
+
+def test_a_threshold_of_1_that_a_one_sided_loss_agrees_with_is_re_measured_below() -> None:
+    """A threshold of 1 (never speculate) from an earlier, noisy calibration; the next one
+    measures only batches 24 and up, where speculation does not pay ("off from 24 up, smaller
+    batches not measured"). 1 agrees with that and stands, but no standing measurement reaches
+    below 24: once traffic runs there, the floor trigger measures it, and 1 is left where
+    speculation pays (issue 59, O: the A100 of the three-SKU e2e never speculated at 1-16)."""
+    s = spec()
+    state = calibrate(s, fresh(s), 0, {H100: curve(0.5)})  # loses everywhere: off from 1
+    state = step(s, state, observe(2 * WINDOW, window({H100: curve(0.5)}))).state
+    assert state.threshold.current == 1 and state.calibration.phase == "Idle"
+    busy = curve(20, buckets=(24, 32, 48))  # 0.95 at 24, 0.9 at 48: off from 24 up
+    aged = calibrate(s, state, 4000, {H100: busy})
+    assert aged.calibration.trigger == "MaxAge" and aged.threshold.current == 1  # agrees
+    assert aged.per_sku[0].reason.endswith("off from 24 up, smaller batches not measured")
+    assert aged.calibration.baseline is not None
+    assert aged.calibration.baseline.floors == {H100: 24}
+    low = {H100: {("plain", 8): ModeStats(200, 1600, 1.0), **busy}}
+    started = step(s, aged, observe(4000 + 2 * WINDOW, window(low)))
+    assert started.state.calibration.trigger == "Traffic"
+    assert started.state.calibration.exploreBelow == 24
+    paying = {H100: curve(20, buckets=(4, 8, 12, 16, 24))}
+    left = calibrate(s, aged, 4000 + 2 * WINDOW, paying, before=low)
+    assert left.threshold.current == 21 and left.calibration.phase == "Verifying"
+
+
