@@ -47,8 +47,9 @@ SPEC_DRAFT_TOKENS = "spectune_spec_draft_tokens_total"  # counter
 SPEC_ACCEPTED_TOKENS = "spectune_spec_accepted_tokens_total"  # counter
 SPEC_THRESHOLD = "spectune_spec_threshold"  # gauge: +Inf when unset (always speculate)
 SPEC_EXPLORATION_RATIO = "spectune_spec_exploration_ratio"  # gauge
-# gauge = 1, labels device (the GPU product name, "cpu" or a simulated SKU's
-# nvidia.com/gpu.product value), simulated ("true" for a simulated SKU), model, draft, version
+# gauge = 1, labels device (the GPU product as `gpu_product` names it, "cpu", or a simulated
+# SKU's nvidia.com/gpu.product value), simulated ("true" for a simulated SKU), model, draft,
+# version
 ENGINE_INFO = "spectune_engine_info"
 # Iterations on a simulated SKU whose real time exceeded their modelled time: the simulation
 # was not faithful there (raise the time scale).
@@ -108,3 +109,11 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5
                    2.5, 5.0, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.024, 0.032, 0.048,
                 0.064, 0.096, 0.128, 0.192, 0.256, 0.5, 1.0, 2.0, 4.0)  # fmt: skip
+
+
+def gpu_product(name: str) -> str:
+    """A GPU's name as GPU Feature Discovery labels its node (`nvidia.com/gpu.product`): blanks
+    as dashes ("NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3"). The engine reports its
+    device so, and per-SKU thresholds are keyed so, in the ConfigMap, the admin API and status:
+    one name for a SKU whoever reads it (the node, the engine, the operator)."""
+    return "-".join(name.split())

@@ -19,6 +19,7 @@ import torch
 from spectune.engine.block_manager import BlockManager, plan_blocks
 from spectune.engine.checkpoint import Checkpoint, checkpoint_dir, load_checkpoint
 from spectune.engine.config import EngineConfig, InvalidConfig
+from spectune.engine.contract import gpu_product
 from spectune.engine.draft_lag import CatchUp
 from spectune.engine.drafting import ModelDrafter, NgramDrafter
 from spectune.engine.gate import Decision, SpeculationGate
@@ -202,11 +203,12 @@ class LLMEngine:
 
     @property
     def device_label(self) -> str:
-        """What metrics call the device: the GPU's name, "cpu", or the simulated SKU's label."""
+        """What metrics call the device: the GPU's product (`contract.gpu_product`), "cpu", or
+        the simulated SKU's label."""
         if self.simulation:
             return self.simulation.label
         if self.device.type == "cuda":
-            return torch.cuda.get_device_name(self.device)
+            return gpu_product(torch.cuda.get_device_name(self.device))
         return self.device.type
 
     @property

@@ -1,10 +1,11 @@
 """Pushing run-time speculation settings to engines through their admin API.
 
-The ConfigMap carries the deployment's threshold (durable: a restarted pod reads it); this
-brings every ready pod to its SKU's settings within one turn instead of after a kubelet's
-ConfigMap sync. Blocking HTTP (urllib): called from the daemon's thread (operator/handlers.py),
-never on kopf's event loop. Engines listen on pod IPs, never through a proxy. The token is
-never logged.
+The ConfigMap carries every SKU's threshold (durable: a restarted pod reads it); this brings
+every ready pod to the same settings within one turn instead of after a kubelet's ConfigMap
+sync, and leases raised exploration to the engines Prometheus scrapes. Each engine picks its
+own SKU's threshold from them. Blocking HTTP (urllib): called from the daemon's thread
+(operator/handlers.py), never on kopf's event loop. Engines listen on pod IPs, never through a
+proxy. The token is never logged.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ TIMEOUT_SECONDS = 3.0
 
 
 def in_step(live: dict[str, Any], target: Target) -> bool:
-    """Whether an engine already runs the target (GET /admin/speculation's answer): the same
-    threshold, base share and lease (a renewed lease has a later expiry: it is sent again)."""
+    """Whether an engine already runs the target (GET /admin/speculation's answer): its SKU's
+    threshold, the base share and the lease (a renewed lease has a later expiry: it is sent
+    again)."""
     return (
-        live.get("threshold") == target.threshold
+        live.get("threshold") == target.threshold_on(str(live.get("device", "")))
         and math.isclose(float(live.get("exploration", -1.0)), target.exploration, abs_tol=1e-9)
         and live.get("lease") == (dict(target.lease) if target.lease else None)
     )
@@ -39,6 +41,7 @@ def sync(target: Target, token: str) -> str | None:
                 return None
         body = {
             "threshold": target.threshold,
+            "thresholds": dict(target.thresholds),
             "exploration": target.exploration,
             "lease": dict(target.lease) if target.lease else None,
         }

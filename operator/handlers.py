@@ -10,6 +10,8 @@ re-reads and re-decides. A child edited or deleted by hand is repaired at the ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import secrets
@@ -100,6 +102,30 @@ def _apply_child(body: dict, child: dict) -> dict:
     return live
 
 
+def apply_children(body: dict, owned: list[dict]) -> str | None:
+    """Apply each child, whatever another's apply did; what the API server refused, as text
+    (None: everything applied). A child it refuses (a quota, an admission webhook, a field
+    another manager owns) must not keep the engines from their settings: they are pushed
+    next, either way."""
+    refused = []
+    for child in owned:
+        try:
+            _apply_child(body, child)
+        except Exception as err:  # the API's errors, a network one: said, not raised
+            log.warning("%s %s: apply failed: %s", child["kind"], child["metadata"]["name"], err)
+            refused.append(f"{child['kind']} {child['metadata']['name']}: {_reason(err)}")
+    return "; ".join(refused) or None
+
+
+def _reason(err: Exception) -> str:
+    """The API server's message for a refused request, else the error itself, short."""
+    body = getattr(err, "body", None)
+    if isinstance(body, (bytes, str)):
+        with contextlib.suppress(ValueError, TypeError):
+            return str(json.loads(body).get("message", body))[:300]
+    return str(err)[:300]
+
+
 @cache
 def prometheus(url: str) -> PrometheusReader:
     return PrometheusReader(url)
@@ -146,9 +172,15 @@ def observe(
 
 
 def push(name: str, namespace: str, targets: tuple[tuning.Target, ...]) -> None:
-    """Every ready engine to its settings through the admin API (the ConfigMap carries the
-    deployment's; this brings each pod to its SKU's within one turn)."""
-    token = kube.secret_value(namespace, render.child_names(name)["token"], render.TOKEN_KEY)
+    """Every ready engine to its settings through the admin API (the ConfigMap carries them
+    too; this brings each pod there within one turn, and leases exploration)."""
+    if not targets:
+        return
+    try:
+        token = kube.secret_value(namespace, render.child_names(name)["token"], render.TOKEN_KEY)
+    except Exception as err:  # the engines keep what the ConfigMap says; said, not raised
+        log.warning("%s/%s: no admin token to push with: %s", namespace, name, _reason(err))
+        return
     for target in targets:
         if error := engines.sync(target, token):
             log.warning(
@@ -193,14 +225,13 @@ def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
         pods,
         (deployment or {}).get("status") or {},
         observation,
-        memo.get("skus", {}),
         memo.get("exploration_lease", EXPLORATION_LEASE_SECONDS),
+        memo.get("apply_error"),
     )
     if not kube.commit_status(body, result.status):
         # routine: kopf writes its finalizer and annotations to a new object, an HPA scales
         log.debug("%s/%s: changed since read; re-reading before acting", namespace, name)
         return False
-    memo.skus = result.skus
     if observation.window is not None and result.state.calibration.phase == "Idle":
         memo.traffic = record_window(memo.get("traffic", []), now, observation.window.traffic)
     metrics.COUNTERS.record(
@@ -209,7 +240,7 @@ def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
     for event in result.events:
         post = kopf.warn if event.warning else kopf.info
         post(body, reason=event.reason, message=event.message)
-    for child in children(
+    owned = children(
         name,
         namespace,
         desired,
@@ -218,8 +249,11 @@ def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
         monitors_served=kube.api_available("monitoring.coreos.com/v1", "PodMonitor"),
         scrape_annotations=memo.get("scrape_annotations", False),
         engine_image=memo.get("engine_image") or render.ENGINE_IMAGE,
-    ):
-        _apply_child(body, child)
+    )
+    error = apply_children(body, owned)
+    if error is not None and error != memo.get("apply_error"):
+        kopf.warn(body, reason="ApplyFailed", message=error)
+    memo.apply_error = error  # the next turn's Degraded condition says so
     push(name, namespace, result.engines)
     log.debug("%s/%s: turn committed (%s)", namespace, name, result.state.calibration.phase)
     return True

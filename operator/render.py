@@ -96,10 +96,12 @@ def engine_config(
     spec: SpecDeploymentSpec,
     threshold: int | None,
     exploration_percent: int,
-    lease: Mapping[str, float | None] | None = None,
+    thresholds: Mapping[str, int | None] | None = None,
 ) -> dict[str, Any]:
-    """The engine's settings file (see engine/serving/settings.py for its schema); `lease`:
-    raised exploration until a unix time, within a batch range (`speculation.lease`)."""
+    """The engine's settings file (see engine/serving/settings.py for its schema): what every
+    engine runs durably. `thresholds`: per GPU product, the threshold its engines run instead of
+    `threshold` (each engine picks its own). Raised exploration is not here: it is leased to
+    the scraped engines through the admin API alone."""
     s = spec.speculation
     model, draft = weights(spec)
     config: dict[str, Any] = {
@@ -108,8 +110,8 @@ def engine_config(
         "speculation": {
             "k": s.numSpeculativeTokens,
             "threshold": threshold,
+            "thresholds": dict(thresholds or {}),
             "exploration": exploration_percent / 100,
-            **({"lease": dict(lease)} if lease else {}),
         },
         "slo": {"ttft_ms": spec.slo.ttftMilliseconds, "tpot_ms": spec.slo.tpotMilliseconds},
         "max_batch_size": spec.engine.maxBatchSize,

@@ -142,15 +142,15 @@ def rollout_conditions(
     ]
 
 
-def blind(
-    conditions: list[Condition], reason: str, why: str, now: datetime, previous: list[dict]
+def degraded(
+    conditions: list[Condition], reason: str, message: str, now: datetime, previous: list[dict]
 ) -> list[Condition]:
-    """Degraded for `reason` while a turn has no window to decide on (Prometheus unavailable,
-    a read or a decision that failed: the threshold is kept), unless the rollout already says
-    why it is degraded: that is the more urgent news."""
+    """Degraded for `reason` (a turn without a window to decide on, children the API server
+    refused), unless the rollout already says why it is degraded: that is the more urgent
+    news."""
     out = []
     for c in conditions:
         if c.type == "Degraded" and c.status == "False":
-            c = condition("Degraded", True, reason, f"{why[:300]}: threshold kept", now, previous)
+            c = condition("Degraded", True, reason, message[:400], now, previous)
         out.append(c)
     return out

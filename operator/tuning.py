@@ -18,12 +18,11 @@ from typing import Any
 
 from spectune.operator import autotune, render
 from spectune.operator.autotune import Event, Observation, State
-from spectune.operator.fleet_memory import pod_skus
 from spectune.operator.models import Condition, SpecDeploymentSpec, SpecDeploymentStatus
 from spectune.operator.observations import FleetWindow, MetricsUnavailable, Traffic
 from spectune.operator.status import (
-    blind,
     condition,
+    degraded,
     merge_patch,
     ready_since,
     rollout_conditions,
@@ -43,13 +42,19 @@ GRACE_SCRAPES = 5
 
 @dataclass(frozen=True)
 class Target:
-    """What one ready engine should run (the admin API's `PUT /admin/speculation` body)."""
+    """What one ready engine should run (the admin API's `PUT /admin/speculation` body): the
+    ConfigMap's settings, from which the engine picks its own SKU's threshold, and a lease."""
 
     pod: str
     url: str  # http://IP:PORT
-    threshold: int | None
+    threshold: int | None  # where `thresholds` has no entry for the engine's SKU
+    thresholds: Mapping[str, int | None]  # GPU product -> threshold
     exploration: float  # the base share, 0..1
     lease: Mapping[str, float | None] | None  # {"exploration", "until", "below"}: while exploring
+
+    def threshold_on(self, device: str) -> int | None:
+        """The threshold an engine on `device` (its `spectune_engine_info` label) runs."""
+        return self.thresholds.get(device, self.threshold)
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,6 @@ class Turn:
     status: dict[str, Any]  # a merge patch over the status the turn read
     config: dict[str, Any]  # the engines' settings file (the ConfigMap)
     engines: tuple[Target, ...]
-    skus: dict[str, str]  # pod -> SKU, for the next turn
 
 
 def saved_state(spec: SpecDeploymentSpec, status: Mapping[str, Any]) -> State:
@@ -167,11 +171,15 @@ def tune(
     pods: list[dict[str, Any]],
     rollout: Mapping[str, Any],
     observation: Observation,
-    known_skus: Mapping[str, str],
     lease_seconds: float,
+    apply_error: str | None = None,
 ) -> Turn:
     """Step the calibration and derive the status and the engines' settings from the result.
-    `rollout`: the engine Deployment's status; `known_skus`: the last turn's `skus`."""
+    `rollout`: the engine Deployment's status; `apply_error`: why the last turn's children
+    were not applied, if they were not. Every engine gets the same settings, each SKU's
+    threshold in them (an engine, not the operator, knows its SKU for sure: a pod whose SKU
+    the operator had to guess once got another SKU's threshold); raised exploration goes only
+    to engines whose series Prometheus holds, since only their steps can be measured."""
     now = observation.now
     before = saved_state(spec, status)
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
@@ -184,18 +192,20 @@ def tune(
     tuned, observation = decide(spec, before, observation)
     state = tuned.state
     events = tuned.events
-    skus = pod_skus(known_skus, observation.window, (p["metadata"]["name"] for p in live))
     base = spec.tuning.explorationPercent / 100
     lease = exploration_lease(state, now, lease_seconds)
+    scraped = observation.window.engines if observation.window is not None else {}
     threshold, _ = autotune.engine_settings(spec, state, None)
-    config = render.engine_config(spec, threshold, spec.tuning.explorationPercent, lease)
+    thresholds = autotune.thresholds_by_sku(state)
+    config = render.engine_config(spec, threshold, spec.tuning.explorationPercent, thresholds)
     engines = tuple(
         Target(
             pod=p["metadata"]["name"],
             url=f"http://{p['status']['podIP']}:{spec.engine.port}",
-            threshold=autotune.engine_settings(spec, state, skus.get(p["metadata"]["name"]))[0],
+            threshold=threshold,
+            thresholds=thresholds,
             exploration=base,
-            lease=lease,
+            lease=lease if p["metadata"]["name"] in scraped else None,
         )
         for p in live
         if p["metadata"]["name"] in ready and (p.get("status") or {}).get("podIP")
@@ -204,7 +214,11 @@ def tune(
     conditions = rollout_conditions(spec.replicas, dict(rollout), unready, previous, now)
     conditions.append(condition("Calibrated", *autotune.calibrated(spec, state), now, previous))
     if observation.error:
-        conditions = blind(conditions, observation.error_reason, observation.blind, now, previous)
+        why = f"{observation.blind[:300]}: threshold kept"
+        conditions = degraded(conditions, observation.error_reason, why, now, previous)
+    if apply_error:
+        why = f"the API server refused the engines' objects: {apply_error}"
+        conditions = degraded(conditions, "ApplyFailed", why, now, previous)
     if spec.speculation.threshold.mode != "Manual":
         metrics = metrics_available(spec, observation, ready, previous)
         conditions.append(metrics)
@@ -227,7 +241,7 @@ def tune(
         ),
         "conditions": [c.model_dump(mode="json", exclude_none=True) for c in conditions],
     }
-    return Turn(state, events, patch, config, engines, skus)
+    return Turn(state, events, patch, config, engines)
 
 
 def decide(

@@ -82,7 +82,8 @@ def gate_settings(policy: Policy) -> GateSettings:
 
 
 def from_target(threshold: int | None, exploration: float, lease: Any) -> GateSettings:
-    """What an engine runs after the admin API's PUT (or reading the ConfigMap)."""
+    """What an engine runs after the admin API's PUT (or reading the ConfigMap), its SKU's
+    threshold picked."""
     return GateSettings(
         threshold=threshold,
         exploration=exploration,
@@ -145,7 +146,8 @@ class FleetSim:
         self.operator_up = True
         self.operator = SimOperator(sc.name, sc.operator.exploration_lease_s)
         self.auto = self.policy == "auto"
-        self.config_gate = GateSettings() if self.auto else gate_settings(self.policy)
+        # the ConfigMap's speculation section (auto): a new pod reads its SKU's threshold there
+        self.configmap: dict[str, Any] | None = None
         self.events: list[OperatorEvent] = []
         self.points: list[ThresholdPoint] = []
         self._last_points: dict[str, tuple[int | None, float | None]] = {}
@@ -248,6 +250,15 @@ class FleetSim:
 
     # --- pods ---------------------------------------------------------------------
 
+    def _config_gate(self, pod_sku: str) -> GateSettings:
+        """What an engine on `pod_sku` runs from the ConfigMap as it is now."""
+        if not self.auto:
+            return gate_settings(self.policy)
+        if (s := self.configmap) is None:
+            return GateSettings()
+        threshold = s["thresholds"].get(SKUS[pod_sku].product, s["threshold"])
+        return from_target(threshold, s["exploration"], None)
+
     def _config(self, pod_sku: str) -> PodConfig:
         sc, spec = self.scenario, self.spec
         return PodConfig(
@@ -274,7 +285,7 @@ class FleetSim:
                 name = f"{self.scenario.name}-{sku.lower()}-{n}"
                 seed = self.seed * 100_003 + n
                 engine = SimEngine(
-                    name, self._config(sku), self.config_gate, seed, self.per_iteration
+                    name, self._config(sku), self._config_gate(sku), seed, self.per_iteration
                 )
                 pod = Pod(name, sku, engine, self.now)
                 self.pods.append(pod)
@@ -293,7 +304,7 @@ class FleetSim:
             return
         pod.ready_at = self.now
         self._serving = None
-        pod.engine.gate.settings = self.config_gate  # the ConfigMap as it is now
+        pod.engine.gate.settings = self._config_gate(pod.sku)  # the ConfigMap as it is now
         offset = self._route.random() * self.scrapes.interval
         self.at(self.now + offset, self._scrape, pod)
 
@@ -404,20 +415,18 @@ class FleetSim:
     def _act(self, turn: Turn) -> None:
         """After the commit: the ConfigMap for pods that start later, each ready engine to
         its target after the push's delay, and the threshold timeline."""
-        s = turn.config["speculation"]
-        self.config_gate = from_target(s["threshold"], s["exploration"], s.get("lease"))
+        self.configmap = turn.config["speculation"]
         delay = self.scenario.operator.settings_delay_s
         by_name = {p.name: p for p in self.pods}
+        crossovers = {p.sku: p.batchSize for p in turn.state.per_sku}
         for target in turn.engines:
             pod = by_name.get(target.pod)
             if pod is not None:
-                wanted = from_target(target.threshold, target.exploration, target.lease)
+                product = SKUS[pod.sku].product
+                threshold = target.threshold_on(product)
+                wanted = from_target(threshold, target.exploration, target.lease)
                 self.at(self.now + delay, self._push, pod, wanted)
-        crossovers = {p.sku: p.batchSize for p in turn.state.per_sku}
-        for target in turn.engines:
-            sku = turn.skus.get(target.pod)
-            if sku is not None:
-                self._point(sku, target.threshold, crossovers.get(sku))
+                self._point(product, threshold, crossovers.get(product))
 
     def _push(self, pod: Pod, wanted: GateSettings) -> None:
         if not pod.gone and pod.engine.gate.settings != wanted:

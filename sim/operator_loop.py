@@ -1,7 +1,7 @@
 """The operator in the simulation: the same pure turn the kopf daemon takes (tuning.observe,
 tuning.tune), with the status committed to a dict instead of the API server (a merge patch,
-as the API server applies it) and the process memory (traffic windows, pods' SKUs) kept
-until a simulated restart drops it."""
+as the API server applies it) and the process memory (traffic windows, the scrape interval)
+kept until a simulated restart drops it."""
 
 from __future__ import annotations
 
@@ -36,13 +36,12 @@ class SimOperator:
         self.lease_seconds = lease_seconds
         self.status: dict[str, Any] = {}
         self.generation = 1
-        self.skus: dict[str, str] = {}
         self.traffic: list[tuple[datetime, Traffic]] = []
         self.interval: float | None = None  # the scrape interval the last read saw
 
     def restart(self) -> None:
         """A new operator process: status survives (it is in the API server), memory does not."""
-        self.skus, self.traffic, self.interval = {}, [], None
+        self.traffic, self.interval = [], None
 
     def turn(
         self,
@@ -67,11 +66,9 @@ class SimOperator:
             pods,
             rollout,
             observation,
-            self.skus,
             self.lease_seconds,
         )
         self.status = merge(self.status, turn.status)
-        self.skus = turn.skus
         if observation.window is not None and turn.state.calibration.phase == "Idle":
             self.traffic = record_window(self.traffic, when, observation.window.traffic)
         return turn

@@ -152,6 +152,7 @@ class EngineLoop:
         return stream
 
     def _apply(self, settings: SpeculationSettings) -> None:
+        settings = settings.on_device(self.engine.device_label)  # this SKU's threshold
         self.engine.gate.settings = settings.gate()
         self.engine.k = settings.k
         self.speculation = settings

@@ -257,6 +257,8 @@ class Server:
             except SettingsError as err:
                 log.warning("config file change rejected, keeping current settings: %s", err)
                 continue
+            if "lease" not in settings.model_fields_set:  # a lease comes by the admin API only
+                settings = settings.model_copy(update={"lease": self.loop.speculation.lease})
             await self.loop.set_speculation(settings)
             log.info("speculation settings from %s applied: %s", path, settings.model_dump())
 
@@ -614,6 +616,7 @@ async def _collect_all(
 def _speculation_state(loop: EngineLoop) -> dict[str, Any]:
     engine = loop.engine
     return loop.speculation.model_dump() | {
+        "device": engine.device_label,
         "effective_exploration": engine.gate.settings.exploration_at(time.time()),
         "method": engine.config.method,
         "running": len(engine.scheduler.running),

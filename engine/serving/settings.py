@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from spectune.engine.contract import gpu_product
 from spectune.engine.device_time import sku_named
 from spectune.engine.gate import GateSettings, Lease
 
@@ -59,6 +60,29 @@ class SpeculationSettings(BaseModel):
     lease: ExplorationLease | None = Field(
         None, description="exploration raised until a unix time, then back to `exploration`"
     )
+    thresholds: dict[str, int | None] = Field(
+        default_factory=dict,
+        description="per GPU product (the engine's `device`, as nvidia.com/gpu.product names "
+        "it), the threshold an engine on it runs instead of `threshold`: the operator's per-SKU "
+        "thresholds, which the ConfigMap and the admin API carry alike, so that each engine "
+        "picks its own and no SKU's threshold reaches another's pods",
+    )
+
+    @field_validator("thresholds")
+    @classmethod
+    def _no_negative(cls, value: dict[str, int | None]) -> dict[str, int | None]:
+        for product, threshold in value.items():
+            if threshold is not None and threshold < 0:
+                raise ValueError(f"{product}: a threshold is >= 0 or null, got {threshold}")
+        return value
+
+    def on_device(self, device: str) -> SpeculationSettings:
+        """What an engine on `device` runs: its product's threshold where `thresholds` has one,
+        else `threshold`; the map is then resolved (empty), so the admin API answers with
+        what runs."""
+        product = gpu_product(device)
+        threshold = self.thresholds.get(product, self.threshold)
+        return self.model_copy(update={"threshold": threshold, "thresholds": {}})
 
     def gate(self) -> GateSettings:
         lease = (

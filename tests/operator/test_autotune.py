@@ -1015,5 +1015,3 @@ def test_a_threshold_of_1_that_a_one_sided_loss_agrees_with_is_re_measured_below
     paying = {H100: curve(20, buckets=(4, 8, 12, 16, 24))}
     left = calibrate(s, aged, 4000 + 2 * WINDOW, paying, before=low)
     assert left.threshold.current == 21 and left.calibration.phase == "Verifying"
-
-

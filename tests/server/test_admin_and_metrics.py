@@ -276,29 +276,66 @@ def test_config_file_change_applies_and_an_invalid_file_is_rejected(server: Serv
     wait_for_threshold(server, None)
 
 
-def test_config_file_carries_the_lease(server: Served) -> None:
-    """The ConfigMap form: a lease in the file is applied; a file without one drops it."""
+def test_a_pushed_lease_outlives_config_file_changes_and_a_null_one_drops_it(
+    server: Served,
+) -> None:
+    """The lease is the admin API's: the ConfigMap carries durable settings only, and a change
+    to it (a threshold moved) keeps the lease a push granted; a file that says `lease: null`
+    withdraws it. Before, every ConfigMap change dropped the pushed lease (or set the whole
+    deployment's) until the next push."""
     original = server.config.read_text()
-    config = yaml.safe_load(original)
     lease = {"exploration": 0.3, "until": time.time() + 600, "below": 48}
-    config["speculation"] |= {"exploration": 0.0, "lease": lease}
+    assert server.put_admin({"exploration": 0.0, "lease": lease}).status_code == 200
+    config = yaml.safe_load(original)
+    config["speculation"] |= {"exploration": 0.0, "threshold": 5}
     server.config.write_text(yaml.safe_dump(config))
     state = wait_until(
-        "the file's lease applied",
-        lambda: (s := server.get("/admin/speculation").json())["lease"] == lease and s,
+        "the file's threshold applied",
+        lambda: (s := server.get("/admin/speculation").json())["threshold"] == 5 and s,
         10,
         0.2,
     )
-    assert state["effective_exploration"] == 0.3
+    assert state["lease"] == lease and state["effective_exploration"] == 0.3
     assert exploration_gauge(server) == 0.3
-    server.config.write_text(original)
+    config["speculation"]["lease"] = None
+    server.config.write_text(yaml.safe_dump(config))
     wait_until(
-        "the lease dropped with the file's",
+        "the lease dropped by the file's null",
         lambda: server.get("/admin/speculation").json()["lease"] is None,
         10,
         0.2,
     )
     assert exploration_gauge(server) == 0.0
+    server.config.write_text(original)
+    wait_for_threshold(server, None)
+
+
+def test_each_engine_runs_its_own_skus_threshold_from_the_file_and_the_admin_api(
+    server: Served,
+) -> None:
+    """The operator's per-SKU thresholds reach every engine as one map, in the ConfigMap and the
+    admin API alike: an engine runs its own product's entry (this one's device is "cpu") and
+    `threshold` where the map has none, so no SKU's threshold reaches another's pods (issue
+    59, M)."""
+    original = server.config.read_text()
+    config = yaml.safe_load(original)
+    config["speculation"] |= {"threshold": 16, "thresholds": {"cpu": 3, "NVIDIA-L4": 40}}
+    server.config.write_text(yaml.safe_dump(config))
+    state = wait_until(
+        "this SKU's threshold from the file",
+        lambda: (s := server.get("/admin/speculation").json())["threshold"] == 3 and s,
+        10,
+        0.2,
+    )
+    assert state["device"] == "cpu" and state["thresholds"] == {}  # resolved: what runs
+    pushed = server.put_admin({"threshold": 8, "thresholds": {"NVIDIA-L4": 40, "cpu": 0}})
+    assert pushed.json()["threshold"] == 0
+    assert (
+        server.put_admin({"threshold": 8, "thresholds": {"NVIDIA-L4": 40}}).json()["threshold"] == 8
+    )  # none for this SKU: the deployment's
+    assert server.put_admin({"thresholds": {"cpu": -1}}).status_code == 422
+    server.config.write_text(original)
+    wait_for_threshold(server, None)
 
 
 def step_counts(server: Served) -> dict[tuple[str, str], float]:

@@ -8,7 +8,12 @@ import pytest
 import yaml
 
 from spectune.engine.gate import Lease
-from spectune.engine.serving.settings import SettingsError, load_settings, speculation_from_file
+from spectune.engine.serving.settings import (
+    SettingsError,
+    SpeculationSettings,
+    load_settings,
+    speculation_from_file,
+)
 
 LEASED = {
     "k": 4,
@@ -56,3 +61,13 @@ def test_a_bad_lease_is_rejected_saying_where(tmp_path: Path, lease: dict, said:
     with pytest.raises(SettingsError, match=rf"^{said}: ") as start:
         load_settings({"config_file": str(path)}, environ={})
     assert str(reload.value) == str(start.value)
+
+
+def test_a_per_sku_threshold_is_found_by_the_gpus_name_as_its_node_label_spells_it() -> None:
+    """torch names an H100 "NVIDIA H100 80GB HBM3"; GPU Feature Discovery labels its node, and
+    the operator keys its threshold, "NVIDIA-H100-80GB-HBM3" (issue 59, M)."""
+    s = SpeculationSettings(threshold=16, thresholds={"NVIDIA-H100-80GB-HBM3": 48, "cpu": None})
+    assert s.on_device("NVIDIA H100 80GB HBM3").threshold == 48
+    assert s.on_device("cpu").threshold is None
+    assert s.on_device("NVIDIA L4").threshold == 16
+    assert s.on_device("cpu").thresholds == {}
