@@ -87,6 +87,7 @@ from spectune.engine.crossover import Crossover, bucket_distance
 from spectune.operator import render
 from spectune.operator.autotune import CALIBRATION_EXPLORATION_PERCENT
 from spectune.operator.launch import launch
+from spectune.operator.leadership import Leases
 from spectune.operator.models import GROUP, PLURAL, VERSION, TuningSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,6 +190,7 @@ class Setup:
         self.namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
         self.name = body["metadata"]["name"]
         self.core.create_namespace({"metadata": {"name": self.namespace}})
+        Leases(self.namespace, "spectune-operator", client.ApiClient()).create_released()
         self.operator = launch(
             env["SPECTUNE_KUBECONFIG"],
             ["--namespace", self.namespace, "--leader-election-namespace", self.namespace,

@@ -232,7 +232,7 @@ def _run(args: argparse.Namespace) -> int:
 
     leases = leadership.Leases(lease_namespace, args.leader_election_lease)
     elector = leadership.Elector(leases, handlers.reporting_instance())
-    return leadership.run_elected(elector, args.liveness, operate)
+    return leadership.run_elected(elector, args.liveness, operate, handlers.TURNS.wait_idle)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -201,9 +202,43 @@ def ensure_token(body: dict) -> None:
         )
 
 
+class Running:
+    """The turns running in their threads. kopf stops by cancelling its daemons, which stops
+    none of the threads their turns run in: the Lease is released only once none is left
+    (a successor must not act while this process may still write)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._changed:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._count -= 1
+                self._changed.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once no turn runs (within `timeout` seconds), else False."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._count == 0, timeout)
+
+
+TURNS = Running()
+
+
 def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
     """Read, decide, commit, then act. False: another writer moved the object first (nothing
     was acted on; the next turn re-reads)."""
+    with TURNS.turn():
+        return _turn(name, namespace, memo)
+
+
+def _turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
     body = kube.get(f"{GROUP}/{VERSION}", KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return True

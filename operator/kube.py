@@ -7,6 +7,8 @@ import base64
 import os
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,15 +23,35 @@ FIELD_MANAGER = "spectune-operator"
 
 
 _DYNAMIC = threading.Lock()
+# How long a kind the cluster does not serve is taken as absent before discovery is asked
+# again (a PodMonitor CRD installed later is found within this).
+MISSING_TTL_SECONDS = 300.0
+_FOUND: dict[tuple[str, str], Resource] = {}
+_MISSING: dict[tuple[str, str], float] = {}
 
 
-def resource(api_version: str, kind: str) -> Resource:
-    """A resource of the one dynamic client, looked up under a lock: sync handlers run on
-    several threads, and discovery writes its cache while it looks up. Two clients made at
-    once, or two lookups at once (two SpecDeployments reconciled together), half-wrote it
-    (seen: KeyError 'resources', the reconcile retried 60 s later)."""
+def resource(api_version: str, kind: str, now: Callable[[], float] = time.monotonic) -> Resource:
+    """A resource of the one dynamic client, from this process's own cache of what discovery
+    found (and did not: for MISSING_TTL_SECONDS). The client's discovery, on a miss, throws its
+    whole cache away and fetches it anew (about six GETs and a file write) with no timeout,
+    under a lock: every turn asked for the PodMonitor kind, and a cluster that does not serve it
+    paid that each time. Looked up under that lock: sync handlers run on several threads, and
+    discovery writes its cache while it looks up (two lookups at once half-wrote it, seen:
+    KeyError 'resources'). ResourceNotFoundError for a kind not served."""
+    key = (api_version, kind)
     with _DYNAMIC:
-        return _make_dynamic().resources.get(api_version=api_version, kind=kind)
+        if (found := _FOUND.get(key)) is not None:
+            return found
+        if (missed := _MISSING.get(key)) is not None and now() - missed < MISSING_TTL_SECONDS:
+            raise ResourceNotFoundError(f"{kind} ({api_version}) is not served")
+        try:
+            found = _make_dynamic().resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            _MISSING[key] = now()
+            raise
+        _MISSING.pop(key, None)
+        _FOUND[key] = found
+        return found
 
 
 @cache

@@ -14,7 +14,10 @@ the leader's, and with Timing's defaults (client-go's numbers):
 - t+15 s (lease_s): the earliest a candidate takes the Lease over.
 
 That leaves 2 s for the exit to land and for the two clocks' rates to differ. A released Lease
-(graceful shutdown: no holder) is taken at the candidate's next poll, within retry_s.
+(graceful shutdown: no holder) is taken at the candidate's next poll, within retry_s. A Lease
+that does not exist is taken once lease_s have passed since the candidate first found it
+missing: someone may have deleted it under a leader, which counts from its last renewal like
+any other. (The chart makes a released Lease at install, so a fresh install starts at once.)
 """
 
 from __future__ import annotations
@@ -77,16 +80,29 @@ class Sighting:
     since: float
 
 
-def sight(last: Sighting | None, record: Record, now: float) -> Sighting:
-    """The clock restarts whenever the Lease changed since the last look: a holder's renewal."""
-    if last is not None and last.version == record.version:
+# The version a missing Lease is sighted under.
+ABSENT = ""
+
+
+def sight(last: Sighting | None, record: Record | None, now: float) -> Sighting:
+    """The clock restarts whenever the Lease changed since the last look: a holder's renewal,
+    or the Lease found missing (None) after it was there, or there after it was missing."""
+    version = ABSENT if record is None else record.version
+    if last is not None and last.version == version:
         return last
-    return Sighting(record.version, now)
+    return Sighting(version, now)
 
 
-def may_take(identity: str, record: Record, seen: Sighting, now: float) -> bool:
+def may_take(
+    identity: str, record: Record | None, seen: Sighting, now: float, lease_s: float
+) -> bool:
     """Released, already ours (this identity's earlier process is gone: a container restart),
-    or unchanged for longer than its duration since this candidate first saw it."""
+    or unchanged for longer than its duration since this candidate first saw it. A missing
+    Lease (None) counts as one a leader may still hold for `lease_s`: deleted under a leader,
+    taken at once, it let two replicas act for up to 8 s while the leader counted its exit
+    from its last renewal."""
+    if record is None:
+        return now - seen.since > lease_s
     return record.holder in ("", identity) or now - seen.since > record.duration_s
 
 

@@ -184,6 +184,12 @@ def test_replicas_share_one_lease_and_watch_their_namespaces() -> None:
     assert [a for a in args if a.startswith("--leader-election")] == [
         "--leader-election-lease=spectune"
     ]
+    # made released at install, so the first replica takes it at once (a missing Lease waits
+    # a lease duration: it may have been deleted under a leader); no holder, so an upgrade
+    # leaves the one who holds it
+    lease = one(objs, "Lease", "spectune")
+    assert lease["metadata"]["namespace"] == "default"
+    assert lease["spec"] == {"leaseDurationSeconds": 15}
     assert [a for a in args if a.startswith("--namespace=")] == [
         "--namespace=default",
         "--namespace=kube-public",

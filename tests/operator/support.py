@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from spectune.operator import render
 from spectune.operator.launch import OperatorProcess, launch
+from spectune.operator.leadership import Leases
 from spectune.operator.models import GROUP, PLURAL, VERSION
 from tests.cluster.support import REPO, Cluster, is_loopback, sa_kubeconfig
 from tests.support.waiting import wait_until
@@ -195,6 +196,8 @@ def start_operator(
     kubeconfig = sa_kubeconfig(cluster, OPERATOR_NS, name, tmp / f"{name}.kubeconfig")
     with cluster.api(kubeconfig) as as_operator:  # the new binding reaches the authorizer
         wait_until("the operator's RBAC", lambda: _can_list(as_operator))
+    # released, as the chart makes it at install: a missing one is taken 15 s later
+    Leases(OPERATOR_NS, lease or name, admin).create_released()
     liveness = f"http://127.0.0.1:{8000 + instance}/healthz"
     args = ["--leader-election-lease", lease or name, "--liveness", liveness,
             "--log-level", log_level, *extra]  # fmt: skip

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from spectune.operator.lease import (
+    ABSENT,
     Record,
     Sighting,
     Timing,
@@ -55,10 +56,23 @@ def test_the_clock_restarts_on_every_change_of_the_lease() -> None:
 def test_who_may_take_the_lease() -> None:
     held = Record.of(lease("a"))
     seen = Sighting(held.version, 100.0)
-    assert not may_take("b", held, seen, now=115.0)  # exactly the duration: not yet
-    assert may_take("b", held, seen, now=115.01)
-    assert may_take("b", Record.of(lease("")), seen, now=100.0)  # released: at once
-    assert may_take("a", held, seen, now=100.0)  # this identity's earlier process
+    assert not may_take("b", held, seen, now=115.0, lease_s=15)  # exactly the duration: not yet
+    assert may_take("b", held, seen, now=115.01, lease_s=15)
+    assert may_take("b", Record.of(lease("")), seen, now=100.0, lease_s=15)  # released: at once
+    assert may_take("a", held, seen, now=100.0, lease_s=15)  # this identity's earlier process
+
+
+def test_a_missing_lease_is_taken_only_a_lease_duration_after_it_went_missing() -> None:
+    """Deleted under a leader, a Lease taken at once let two replicas act while the leader
+    counted its exit from its last renewal (issue 59, L): a missing Lease waits lease_s from
+    the moment this candidate first found it missing, as a held one does from its last change."""
+    held = sight(None, Record.of(lease("a", "7")), now=1.0)
+    gone = sight(held, None, now=3.0)
+    assert gone == Sighting(ABSENT, 3.0) and sight(gone, None, now=9.0) is gone
+    assert not may_take("b", None, gone, now=18.0, lease_s=15)
+    assert may_take("b", None, gone, now=18.01, lease_s=15)
+    back = sight(gone, Record.of(lease("c", "9")), now=10.0)
+    assert back == Sighting("9", 10.0)
 
 
 @pytest.mark.parametrize("seen_after", [0.0, 0.05, 1.0, 4.9])
@@ -69,7 +83,9 @@ def test_a_candidate_takes_over_only_after_the_leader_has_exited(seen_after: flo
     t0 = 50.0
     record = Record.of(lease("leader"))
     seen = sight(None, record, now=t0 + seen_after)
-    first = next(t0 + i / 100 for i in range(3000) if may_take("c", record, seen, t0 + i / 100))
+    first = next(
+        t0 + i / 100 for i in range(3000) if may_take("c", record, seen, t0 + i / 100, T.lease_s)
+    )
     assert T.attempt_timeout(t0, t0 + T.deadline_s) is None  # the leader stopped kopf by then
     assert first - (t0 + T.exit_s) >= T.lease_s - T.exit_s
 
