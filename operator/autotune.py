@@ -404,6 +404,7 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
         return _explore(spec, state, obs, obs.window)
     if cal.phase == "Verifying":
         return _verify(spec, state, obs, obs.window)
+    state = without_departed(spec, state, obs.window, obs.now)
     if not obs.settled:
         return Step(state)
     interval = obs.window.scrape_interval
@@ -444,6 +445,26 @@ def step(spec: SpecDeploymentSpec, state: State, obs: Observation) -> Step:
     return Step(
         dataclasses.replace(state, calibration=started),
         (Event("CalibrationStarted", f"re-measuring the crossover: {reason.message}"),),
+    )
+
+
+def without_departed(
+    spec: SpecDeploymentSpec, state: State, window: FleetWindow, now: datetime
+) -> State:
+    """Each SKU's threshold with when its last pod left (`goneSince`, cleared when one is back),
+    and without the SKUs gone for longer than the maximum age: status (and the engines'
+    per-SKU map) kept every SKU the deployment ever ran on. Until then a SKU keeps its
+    threshold, for pods that come back."""
+    if not window.skus:  # unknown: no pod scraped yet
+        return state
+    age = timedelta(seconds=spec.tuning.maxAgeSeconds)
+    kept = []
+    for p in state.per_sku:
+        gone = None if p.sku in window.skus else (p.goneSince or _iso(now))
+        if gone is None or now - _time(gone) < age:
+            kept.append(p if gone == p.goneSince else p.model_copy(update={"goneSince": gone}))
+    return (
+        state if tuple(kept) == state.per_sku else dataclasses.replace(state, per_sku=tuple(kept))
     )
 
 

@@ -5,30 +5,40 @@ One writer per SpecDeployment: a daemon runs every turn, on a resync period and 
 the spec changes (the update handler only wakes it). A turn commits status with the
 resourceVersion it read, and only then posts Events and moves the engines; a conflict
 re-reads and re-decides. A child edited or deleted by hand is repaired at the next turn.
+
+A turn reads the API server only through watches: the SpecDeployment from kopf's live body,
+its pods and children from kopf indexes (below). It writes status only when the status
+changed, and a child only when its rendered content or the live object moved (`applying`):
+a steady fleet costs the API server nothing but the watches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import os
 import secrets
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
 import kopf
+from kubernetes.dynamic.exceptions import NotFoundError
 
-from spectune.operator import autotune, engines, kube, logs, metrics, render, tuning
+from spectune.operator import applying, autotune, engines, kube, logs, metrics, render, tuning
+from spectune.operator.applying import REPAIR_SECONDS
 from spectune.operator.fleet_memory import record_window
-from spectune.operator.models import GROUP, KIND, PLURAL, VERSION, SpecDeploymentSpec, parse_spec
+from spectune.operator.models import GROUP, PLURAL, VERSION, SpecDeploymentSpec, parse_spec
 from spectune.operator.prometheus import PrometheusReader, Selector
 from spectune.operator.scraping import TargetsCache, why_unscraped
+from spectune.operator.status import merge_patched
 
 RESYNC_SECONDS = 10.0
 # A conflict (another writer moved the object since it was read): the next turn comes soon.
@@ -90,8 +100,7 @@ def children(
 
 def _apply_child(body: dict, child: dict) -> dict:
     """Server-side apply, with an Event when it changed something: drift repaired, or the
-    desired state itself moved (exploration raised for a calibration, a threshold, a spec edit),
-    so the Event does not claim which."""
+    desired state itself moved (a threshold, a spec edit), so the Event does not claim which."""
     kopf.adopt(child, owner=body)
     before = kube.resource_version(child)
     live = kube.apply(child)
@@ -103,18 +112,32 @@ def _apply_child(body: dict, child: dict) -> dict:
     return live
 
 
-def apply_children(body: dict, owned: list[dict]) -> str | None:
-    """Apply each child, whatever another's apply did; what the API server refused, as text
-    (None: everything applied). A child it refuses (a quota, an admission webhook, a field
-    another manager owns) must not keep the engines from their settings: they are pushed
-    next, either way."""
+def apply_children(
+    body: dict,
+    owned: list[dict],
+    applied: dict[tuple[str, str], applying.Applied],
+    live: Mapping[tuple[str, str], str | None],
+    now: float,
+) -> str | None:
+    """Apply each child that is due (`applying.due`: `applied` is what this process applied
+    last, updated here; `live` each watched child's identity), whatever another's apply did;
+    what the API server refused, as text (None: everything applied). A child it refuses (a
+    quota, an admission webhook, a field another manager owns) must not keep the engines from
+    their settings: they are pushed next, either way."""
     refused = []
     for child in owned:
+        key = (child["kind"], child["metadata"]["name"])
+        if not applying.due(child, applied.get(key), live.get(key), now):
+            continue
         try:
-            _apply_child(body, child)
+            result = _apply_child(body, child)
         except Exception as err:  # the API's errors, a network one: said, not raised
-            log.warning("%s %s: apply failed: %s", child["kind"], child["metadata"]["name"], err)
-            refused.append(f"{child['kind']} {child['metadata']['name']}: {_reason(err)}")
+            log.warning("%s %s: apply failed: %s", *key, err)
+            refused.append(f"{key[0]} {key[1]}: {_reason(err)}")
+            applied.pop(key, None)
+            continue
+        seen = applying.identity(child["kind"], result["metadata"])
+        applied[key] = applying.Applied(applying.digest(child), seen, now)
     return "; ".join(refused) or None
 
 
@@ -172,34 +195,37 @@ def observe(
     return seen
 
 
-def push(name: str, namespace: str, targets: tuple[tuning.Target, ...]) -> None:
+def push(memo: kopf.Memo, name: str, namespace: str, targets: tuple[tuning.Target, ...]) -> None:
     """Every ready engine to its settings through the admin API (the ConfigMap carries them
     too; this brings each pod there within one turn, and leases exploration)."""
-    if not targets:
-        return
-    try:
-        token = kube.secret_value(namespace, render.child_names(name)["token"], render.TOKEN_KEY)
-    except Exception as err:  # the engines keep what the ConfigMap says; said, not raised
-        log.warning("%s/%s: no admin token to push with: %s", namespace, name, _reason(err))
+    if not targets or (token := memo.get("token")) is None:
         return
     for target in targets:
         if error := engines.sync(target, token):
             log.warning(
                 "%s/%s: admin API: %s (the ConfigMap still carries it)", namespace, name, error
             )
+            if error.endswith("HTTP 401"):  # the Secret was made anew: read it again
+                memo.token = None
 
 
-def ensure_token(body: dict) -> None:
-    """The engines' admin token: generated once, never overwritten."""
+def ensure_token(body: dict, memo: kopf.Memo, now: float) -> None:
+    """The engines' admin token in `memo.token`: generated once, never overwritten. Read once
+    and checked again every REPAIR_SECONDS (a Secret deleted by hand is made anew: the
+    engines' pods mount it), not created every turn (a POST that answered 409)."""
+    if memo.get("token") is not None and now - memo.get("token_at", 0.0) < REPAIR_SECONDS:
+        return
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    token = render.token_secret(name, namespace, secrets.token_urlsafe(32))
-    kopf.adopt(token, owner=body)
-    if kube.create_if_absent(token):
-        kopf.info(
-            body,
-            reason="Created",
-            message=f"created Secret {token['metadata']['name']} (admin token)",
-        )
+    secret = render.child_names(name)["token"]
+    try:
+        memo.token = kube.secret_value(namespace, secret, render.TOKEN_KEY)
+    except NotFoundError:
+        token = render.token_secret(name, namespace, secrets.token_urlsafe(32))
+        kopf.adopt(token, owner=body)
+        if kube.create_if_absent(token):
+            kopf.info(body, reason="Created", message=f"created Secret {secret} (admin token)")
+        memo.token = kube.secret_value(namespace, secret, render.TOKEN_KEY)
+    memo.token_at = now
 
 
 class Running:
@@ -231,39 +257,49 @@ class Running:
 TURNS = Running()
 
 
-def turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
+@dataclass(frozen=True)
+class View:
+    """What the watches show of one SpecDeployment at the start of a turn, taken on kopf's
+    loop (where the live body and the indexes change): the object, its pods, its engine
+    Deployment's status, and each watched child's identity (`applying.identity`)."""
+
+    body: dict[str, Any]
+    pods: list[dict[str, Any]]
+    rollout: dict[str, Any]
+    children: dict[tuple[str, str], str | None]
+
+
+def turn(name: str, namespace: str, memo: kopf.Memo, view: View) -> bool:
     """Read, decide, commit, then act. False: another writer moved the object first (nothing
     was acted on; the next turn re-reads)."""
     with TURNS.turn():
-        return _turn(name, namespace, memo)
+        return _turn(name, namespace, memo, view)
 
 
-def _turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
-    body = kube.get(f"{GROUP}/{VERSION}", KIND, namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
+def _turn(name: str, namespace: str, memo: kopf.Memo, view: View) -> bool:
+    body = view.body
+    if not body or body["metadata"].get("deletionTimestamp"):
         return True
     desired = parse_spec(body["spec"])
     status = body.get("status") or {}
-    ensure_token(body)
     now = datetime.now(UTC).replace(microsecond=0)
-    pods = kube.list_pods(namespace, render.selector_string(name))
+    ensure_token(body, memo, now.timestamp())
     state = tuning.saved_state(desired, status)
-    observation = observe(memo, name, namespace, desired, state, pods, now)
-    deployment = kube.get(
-        "apps/v1", "Deployment", namespace, render.child_names(name)["deployment"]
-    )
+    observation = observe(memo, name, namespace, desired, state, view.pods, now)
     result = tuning.tune(
         name,
         desired,
         status,
         body["metadata"].get("generation"),
-        pods,
-        (deployment or {}).get("status") or {},
+        view.pods,
+        view.rollout,
         observation,
         memo.get("exploration_lease", EXPLORATION_LEASE_SECONDS),
         memo.get("apply_error"),
     )
-    if not kube.commit_status(body, result.status):
+    if merge_patched(status, result.status) == status:
+        log.debug("%s/%s: status unchanged, nothing to commit", namespace, name)
+    elif not kube.commit_status(body, result.status):
         # routine: kopf writes its finalizer and annotations to a new object, an HPA scales
         log.debug("%s/%s: changed since read; re-reading before acting", namespace, name)
         return False
@@ -285,29 +321,98 @@ def _turn(name: str, namespace: str, memo: kopf.Memo) -> bool:
         scrape_annotations=memo.get("scrape_annotations", False),
         engine_image=memo.get("engine_image") or render.ENGINE_IMAGE,
     )
-    error = apply_children(body, owned)
+    applied = memo.setdefault("applied", {})
+    error = apply_children(body, owned, applied, view.children, now.timestamp())
     if error is not None and error != memo.get("apply_error"):
         kopf.warn(body, reason="ApplyFailed", message=error)
     memo.apply_error = error  # the next turn's Degraded condition says so
-    push(name, namespace, result.engines)
-    log.debug("%s/%s: turn committed (%s)", namespace, name, result.state.calibration.phase)
+    push(memo, name, namespace, result.engines)
+    log.debug("%s/%s: turn done (%s)", namespace, name, result.state.calibration.phase)
     return True
+
+
+# --- the watches a turn reads: kopf indexes of the engines' pods and of the children ---------
+
+MANAGED = {render.MANAGED_BY_LABEL: render.MANAGED_BY}
+
+
+def _owner(labels: Mapping[str, str]) -> str:
+    return labels.get(render.INSTANCE_LABEL, "")
+
+
+def _child(body: kopf.Body) -> dict[str, Any]:
+    kind = body["kind"]
+    return {"key": (kind, body.metadata.name), "identity": applying.identity(kind, body.metadata)}
+
+
+@kopf.index("v1", "pods", labels=MANAGED)
+def engine_pods(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
+    """Engine pods by (namespace, SpecDeployment): no LIST in every turn."""
+    return {(namespace, _owner(labels)): copy.deepcopy(dict(body))}
+
+
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+def engine_deployments(
+    namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict:
+    """Engine Deployments: their identity and their status (the rollout's conditions)."""
+    status = copy.deepcopy(dict(body.get("status") or {}))
+    return {(namespace, _owner(labels)): _child(body) | {"status": status}}
+
+
+@kopf.index("v1", "configmaps", labels=MANAGED)
+def engine_configmaps(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, _owner(labels)): _child(body)}
+
+
+@kopf.index("v1", "services", labels=MANAGED)
+def engine_services(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, _owner(labels)): _child(body)}
+
+
+CHILD_INDEXES = ("engine_deployments", "engine_configmaps", "engine_services")
+
+
+def view_of(body: kopf.Body, namespace: str, name: str, indexes: Mapping[str, kopf.Index]) -> View:
+    """A snapshot of the watches for one turn (on kopf's loop)."""
+    found = {index: list(values.get((namespace, name), [])) for index, values in indexes.items()}
+    deployment = ("Deployment", render.child_names(name)["deployment"])
+    rollout = next((d["status"] for d in found["engine_deployments"] if d["key"] == deployment), {})
+    owned = {c["key"]: c["identity"] for index in CHILD_INDEXES for c in found[index]}
+    return View(copy.deepcopy(dict(body)), found["engine_pods"], rollout, owned)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=RESYNC_SECONDS)
 async def tune_continuously(
-    name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+    name: str,
+    namespace: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    engine_pods: kopf.Index,
+    engine_deployments: kopf.Index,
+    engine_configmaps: kopf.Index,
+    engine_services: kopf.Index,
+    **_: Any,
 ) -> None:
     """The one writer: a turn every RESYNC_SECONDS, or sooner when woken. An error in a
     turn is logged and the next turn retries: one failed API call must not stop tuning.
     Async, each turn in a thread of its own (the reader and the API client block): a sync
     daemon holds one of kopf's threads for its whole life, and the pool has min(32, CPUs + 4)
-    of them, so on 2 cores a seventh SpecDeployment was never tuned."""
+    of them, so on 2 cores a seventh SpecDeployment was never tuned. `body` is kopf's live
+    view of the object, which its watch keeps current."""
     wake = memo.setdefault("wake", threading.Event())
+    indexes = {
+        "engine_pods": engine_pods,
+        "engine_deployments": engine_deployments,
+        "engine_configmaps": engine_configmaps,
+        "engine_services": engine_services,
+    }
     while not stopped:
         wake.clear()
+        view = view_of(body, namespace, name, indexes)
         try:
-            done = await asyncio.to_thread(turn, name, namespace, memo)
+            done = await asyncio.to_thread(turn, name, namespace, memo, view)
         except Exception:
             log.exception("%s/%s: turn failed; retrying in %.0f s", namespace, name, RESYNC_SECONDS)
             done = True
@@ -316,6 +421,8 @@ async def tune_continuously(
         while waited < pause and not stopped and not wake.is_set():
             await asyncio.sleep(0.2)
             waited += 0.2
+    if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+        metrics.COUNTERS.forget(namespace, name)  # a deleted SpecDeployment's series go too
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")

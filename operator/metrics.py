@@ -144,6 +144,12 @@ class Counters:
             PROMETHEUS_ERRORS, "reads of the engines' metrics that failed", registry=registry
         )
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted SpecDeployment's series: they would be exported for ever."""
+        for counter in (self.calibrations, self.threshold_changes, self.rollbacks):
+            for labels in [k for k in counter._metrics if k[:2] == (namespace, name)]:
+                counter.remove(*labels)
+
     def record(
         self, namespace: str, name: str, before: State, observation: Observation, step: Step
     ) -> None:

@@ -429,6 +429,11 @@ class SkuThreshold(BaseModel):
         "come back runs this threshold again, re-measured only once this is older than "
         "tuning.maxAgeSeconds",
     )
+    goneSince: str | None = Field(
+        None,
+        description="when the last pod on this SKU left (none is scraped since): gone for "
+        "longer than tuning.maxAgeSeconds, the SKU leaves status",
+    )
 
 
 class BucketSums(BaseModel):

@@ -66,17 +66,20 @@ RELOADED_SPECULATION = frozenset({"threshold", "hysteresis", "exploration", "lea
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 
 
+MANAGED_BY_LABEL, MANAGED_BY = "app.kubernetes.io/managed-by", "spectune-operator"
+
+
 def labels(name: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": ENGINE_LABEL,
         INSTANCE_LABEL: name,
-        "app.kubernetes.io/managed-by": "spectune-operator",
+        MANAGED_BY_LABEL: MANAGED_BY,
     }
 
 
 def selector(name: str) -> dict[str, str]:
     """The stable subset of labels that selects an instance's pods."""
-    return {k: v for k, v in labels(name).items() if k != "app.kubernetes.io/managed-by"}
+    return {k: v for k, v in labels(name).items() if k != MANAGED_BY_LABEL}
 
 
 def selector_string(name: str) -> str:

@@ -41,6 +41,20 @@ def merge_patch(old: Any, new: Any) -> Any:
     return {k: merge_patch(old.get(k), v) for k, v in new.items()} | gone
 
 
+def merge_patched(target: Any, patch: Any) -> Any:
+    """`target` with the JSON merge `patch` applied (RFC 7386), as the API server applies a
+    status patch: None deletes, mappings merge, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patched(out.get(key), value)
+    return out
+
+
 def condition(
     type_: str, ok: bool, reason: str, message: str, now: datetime, previous: list[dict]
 ) -> Condition:

@@ -13,21 +13,9 @@ from spectune.operator import tuning
 from spectune.operator.fleet_memory import record_window
 from spectune.operator.models import SpecDeploymentSpec
 from spectune.operator.observations import FleetWindow, Traffic
+from spectune.operator.status import merge_patched
 
 SELECTOR = '{namespace="sim"}'
-
-
-def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """RFC 7386 JSON merge patch: None deletes, mappings merge, anything else replaces."""
-    out = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 class SimOperator:
@@ -68,7 +56,7 @@ class SimOperator:
             observation,
             self.lease_seconds,
         )
-        self.status = merge(self.status, turn.status)
+        self.status = merge_patched(self.status, turn.status)
         if observation.window is not None and turn.state.calibration.phase == "Idle":
             self.traffic = record_window(self.traffic, when, observation.window.traffic)
         return turn

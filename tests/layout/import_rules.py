@@ -55,6 +55,7 @@ DECISIONS = tuple(
         "scraping",
         "tuning",
         "lease",
+        "applying",
     )
 )
 IO = (

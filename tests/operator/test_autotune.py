@@ -53,6 +53,10 @@ def reasons(result: autotune.Step) -> list[str]:
     return [e.reason for e in result.events]
 
 
+def thresholds(state: State) -> dict[str, int | None]:
+    return {p.sku: p.threshold for p in state.per_sku}
+
+
 def calibrate(s, state: State, start: float, stats: dict[str, StatsByBucket], **kw) -> State:
     """Run one calibration from Idle to its decision; the state after the decision. `noise`:
     every bucket's throughput error in the window, as measured from its batches."""
@@ -788,7 +792,8 @@ def test_traffic_only_past_a_shifts_range_keeps_the_thresholds_and_takes_the_new
     )
     cal = ended.state.calibration
     assert cal.phase == "Idle" and cal.retryAfter is None
-    assert ended.state.threshold == state.threshold and ended.state.per_sku == state.per_sku
+    assert ended.state.threshold == state.threshold
+    assert thresholds(ended.state) == thresholds(state)  # the L4 just says since when it left
     assert cal.baseline is not None and state.calibration.baseline is not None
     assert cal.baseline.traffic["accepted_tokens"] == POORER.accepted_tokens
     unchanged = ("outcomes", "bounds", "floors", "covered", "replicas", "skus")
@@ -954,10 +959,10 @@ def test_a_sku_that_leaves_and_comes_back_with_its_threshold_in_status_re_measur
     state = step(s, state, observe(30, both)).state
     state = step(s, state, observe(30 + WINDOW, both)).state
     assert state.calibration.phase == "Idle" and {p.sku for p in state.per_sku} == {H100, L4}
-    away = observe(1000, window(pods={"e-0": H100}), replicas=1)
-    assert step(s, state, away).state == state
+    away = step(s, state, observe(1000, window(pods={"e-0": H100}), replicas=1)).state
+    assert away.calibration == state.calibration and thresholds(away) == thresholds(state)
     back = observe(1600, window(pods=pods), replicas=2)
-    assert step(s, state, back).state == state
+    assert step(s, away, back).state == state
     a100 = observe(1600, window(pods={"e-0": H100, "e-1": "NVIDIA-A100-SXM4-40GB"}))
     assert step(s, state, a100).state.calibration.trigger == "Sku"
 
@@ -1015,3 +1020,26 @@ def test_a_threshold_of_1_that_a_one_sided_loss_agrees_with_is_re_measured_below
     paying = {H100: curve(20, buckets=(4, 8, 12, 16, 24))}
     left = calibrate(s, aged, 4000 + 2 * WINDOW, paying, before=low)
     assert left.threshold.current == 21 and left.calibration.phase == "Verifying"
+
+
+def test_a_sku_gone_for_longer_than_the_maximum_age_leaves_status() -> None:
+    """Issue 59, J: status kept every SKU the deployment ever ran on. A SKU no pod runs on for
+    longer than tuning.maxAgeSeconds goes; until then it keeps its threshold for pods that come
+    back (and says since when it is gone)."""
+    s = spec()
+    pods = {"e-0": H100, "e-1": L4}
+    state = step(s, fresh(s), observe(0, window(pods=pods))).state
+    both = window({H100: curve(12), L4: curve(32)}, pods=pods)
+    state = step(s, state, observe(30, both)).state
+    state = step(s, state, observe(30 + WINDOW, both)).state
+    h100_only = window(pods={"e-0": H100})
+    left = step(s, state, observe(1800, h100_only, replicas=1)).state
+    gone = {p.sku: p.goneSince for p in left.per_sku}
+    assert gone == {H100: None, L4: (T0 + timedelta(seconds=1800)).isoformat()}
+    back = step(s, left, observe(1900, window(pods=pods))).state
+    assert back.per_sku == state.per_sku  # back: nothing changed, nothing to write
+    left = step(s, back, observe(2000, h100_only, replicas=1)).state
+    still = step(s, left, observe(2000 + 3500, h100_only, replicas=1)).state
+    assert {p.sku for p in still.per_sku} == {H100, L4}
+    pruned = step(s, left, observe(2000 + 3600, h100_only, replicas=1)).state
+    assert {p.sku for p in pruned.per_sku} == {H100}

@@ -224,7 +224,8 @@ def test_the_before_window_starts_after_the_last_calibration_ended() -> None:
     assert window_seconds(s, kept.calibration, ended + timedelta(seconds=500)) == WINDOW
     on_l4 = {"e-0": L4, "e-1": L4}
     soon = observe(30 + WINDOW + 5, window(pods=on_l4))
-    assert step(s, kept, soon).state == kept  # 5 s of calm: too short a "before" to start
+    # 5 s of calm: too short a "before" to start (the H100 only notes that it is gone)
+    assert step(s, kept, soon).state.calibration == kept.calibration
     later = step(s, kept, observe(30 + WINDOW + 15, window(pods=on_l4)))
     assert later.state.calibration.trigger == "Sku"
 

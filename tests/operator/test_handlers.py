@@ -1,11 +1,12 @@
 """The kopf handlers' own rules, at their seams to the API server: a child the API server
-refuses keeps neither the other children nor the engines' push from happening."""
+refuses keeps neither the other children nor the engines' push from happening, and a child
+is applied only when it is due."""
 
 from __future__ import annotations
 
 from kubernetes.client.exceptions import ApiException
 
-from spectune.operator import handlers, render
+from spectune.operator import applying, handlers, render
 
 from .machine import spec
 
@@ -14,6 +15,10 @@ def refused(status: int, message: str) -> ApiException:
     err = ApiException(status=status, reason="Forbidden")
     err.body = f'{{"kind": "Status", "message": "{message}"}}'
     return err
+
+
+def owned() -> list[dict]:
+    return handlers.children("llm", "ns", spec(), render.engine_config(spec(), 8, 2))
 
 
 def test_a_refused_child_is_said_and_the_others_are_still_applied(monkeypatch) -> None:
@@ -25,12 +30,45 @@ def test_a_refused_child_is_said_and_the_others_are_still_applied(monkeypatch) -
         if child["kind"] == "Deployment":
             raise refused(403, "deployments.apps is forbidden: exceeded quota")
         applied.append(child["kind"])
-        return child
+        return child | {"metadata": child["metadata"] | {"resourceVersion": "7"}}
 
     monkeypatch.setattr(handlers, "_apply_child", apply)
-    owned = handlers.children("llm", "ns", spec(), render.engine_config(spec(), 8, 2))
-    error = handlers.apply_children({"metadata": {"name": "llm"}}, owned)
+    books: dict = {}
+    error = handlers.apply_children({"metadata": {"name": "llm"}}, owned(), books, {}, 0.0)
     assert applied == ["ConfigMap", "Service"]
     assert error == "Deployment llm: deployments.apps is forbidden: exceeded quota"
-    monkeypatch.setattr(handlers, "_apply_child", lambda body, child: child)
-    assert handlers.apply_children({"metadata": {"name": "llm"}}, owned) is None
+    assert set(books) == {("ConfigMap", "llm-engine-config"), ("Service", "llm")}
+
+
+def test_a_child_is_applied_only_when_its_content_or_the_live_object_moved(monkeypatch) -> None:
+    """Issue 59, J: every turn read and force-applied every child. Now a turn applies what
+    it rendered differently, what someone else changed (the watch shows another identity), or
+    what no watch covers once every REPAIR_SECONDS."""
+    sent: list[str] = []
+    versions = iter(range(100, 200))
+
+    def apply(body: dict, child: dict) -> dict:
+        sent.append(child["kind"])
+        meta = child["metadata"] | {"resourceVersion": str(next(versions)), "generation": 3}
+        return child | {"metadata": meta}
+
+    monkeypatch.setattr(handlers, "_apply_child", apply)
+    body, books = {"metadata": {"name": "llm"}}, {}
+    children = [*owned(), {"kind": "PodMonitor", "metadata": {"name": "llm"}, "spec": {}}]
+    assert handlers.apply_children(body, children, books, {}, 0.0) is None
+    assert sent == ["ConfigMap", "Deployment", "Service", "PodMonitor"]
+    live = {key: a.identity for key, a in books.items()}
+    sent.clear()
+    assert handlers.apply_children(body, children, books, live, 10.0) is None
+    assert sent == []  # nothing moved
+    edited = live | {("Deployment", "llm"): "4"}  # a kubectl edit bumped its generation
+    handlers.apply_children(body, children, books, edited, 20.0)
+    assert sent == ["Deployment"]
+    sent.clear()
+    moved = owned()
+    moved[0] = render.config_map("llm", "ns", render.engine_config(spec(), 12, 2))
+    handlers.apply_children(body, [*moved, *children[3:]], books, live, 30.0)
+    assert sent == ["ConfigMap"]
+    sent.clear()
+    handlers.apply_children(body, children, books, live, applying.REPAIR_SECONDS + 1)
+    assert "PodMonitor" in sent  # no watch covers it: repaired on a timer

@@ -66,6 +66,18 @@ def test_a_kept_change_counts_one_verified_calibration_and_a_change_per_sku() ->
     assert run.prometheus_errors == 0
 
 
+def test_a_deleted_specdeployments_counters_go_with_it() -> None:
+    """Issue 59, J: the counters of every SpecDeployment ever tuned were exported for ever."""
+    run = Recorder(spec())
+    run(observe(0, window(load=traffic(slo_met_share=0.95))))
+    run(observe(30, window({H100: curve(12)})))
+    run(observe(30 + WINDOW, window({H100: curve(12)}, load=traffic(slo_met_share=0.7))))
+    assert run.value(metrics.ROLLBACKS) == 1 and run.calibrations("rolled_back") == 1
+    run.counters.forget("ns", "llm")
+    assert run.value(metrics.ROLLBACKS) is None and run.calibrations("rolled_back") is None
+    assert run.value(metrics.THRESHOLD_CHANGES, sku=H100) is None
+
+
 def test_a_goodput_drop_counts_a_rollback() -> None:
     run = Recorder(spec())
     run(observe(0, window(load=traffic(slo_met_share=0.95))))
