@@ -269,6 +269,8 @@ EOF
     --requestheader-extra-headers-prefix X-Remote-Extra- \
     --proxy-client-cert-file "$pki/front-proxy-client.crt" \
     --proxy-client-key-file "$pki/front-proxy-client.key" \
+    --audit-policy-file "$cfg/audit-policy.yaml" --audit-log-path "$logs/audit.log" \
+    --audit-log-format json --audit-log-maxsize 200 --audit-log-maxbackup 4 \
     --profiling=false --v 1
   # The others start once the API server has made its bootstrap RBAC policies: the controller
   # manager exits if it is denied at start.

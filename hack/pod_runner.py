@@ -4,8 +4,10 @@ kwok makes pods Running and gives them loopback IPs, but runs nothing. This runn
 container runtime for engine pods, so that Prometheus' pod discovery and the operator reach
 real engines at the pods' IPs exactly as they would in a cluster:
 
-- pods are those matching --selector (default `app.kubernetes.io/name=spectune-engine`), in
-  every namespace, that are Running, have a pod IP and are not being deleted;
+- pods are those matching --selector (default `app.kubernetes.io/name=spectune-engine`, less
+  those labelled `spectune.io/pod-runner: none`: the operator's scale benchmark asks for
+  hundreds of pods whose engines nothing needs), in every namespace, that are Running, have a
+  pod IP and are not being deleted;
 - the container is the one named `engine`, else the first; the port is its containerPort named
   `http`, else its first containerPort;
 - the engine's arguments are the container's `command` + `args`, less a leading
@@ -60,7 +62,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SELECTOR = "app.kubernetes.io/name=spectune-engine"
+DEFAULT_SELECTOR = "app.kubernetes.io/name=spectune-engine,spectune.io/pod-runner!=none"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 STRIPPED_FLAGS = ("--host", "--port")
 SIMULATE_ANNOTATION = "spectune.io/simulate-gpu"

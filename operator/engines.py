@@ -20,6 +20,8 @@ from spectune.operator.tuning import Target
 
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 TIMEOUT_SECONDS = 3.0
+# Who pushes, in the engines' logs (a replica's pod name and process: handlers sets it).
+USER_AGENT = ["spectune-operator"]
 
 
 def in_step(live: dict[str, Any], target: Target) -> bool:
@@ -49,7 +51,11 @@ def sync(target: Target, token: str) -> str | None:
             f"{target.url}/admin/speculation",
             data=json.dumps(body).encode(),
             method="PUT",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {token}",
+                "User-Agent": USER_AGENT[0],
+            },
         )
         with HTTP.open(request, timeout=TIMEOUT_SECONDS):
             return None

@@ -59,6 +59,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.posting.level = 20  # INFO: Events tell users what the operator did
     settings.posting.reporting_instance = reporting_instance()
+    engines.USER_AGENT[0] = f"spectune-operator ({reporting_instance()})"
     logs.demote_handler_successes()
 
 

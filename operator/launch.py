@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -56,3 +57,38 @@ def launch(
         start_new_session=new_session,
     )
     return OperatorProcess(process, log)
+
+
+def bind_operator(
+    api: Any, namespace: str, name: str, rules: list[dict], lease_rules: list[dict]
+) -> None:
+    """A ServiceAccount `name` in `namespace` bound to a ClusterRole of `rules`, and, as the
+    chart binds it, to a Role of `lease_rules` (leader election) in that namespace: the
+    operator then runs with exactly the chart's rights, and the API server's audit log names
+    its calls. `api`: an admin's kubernetes ApiClient."""
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(api)
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": rules,
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    }
+    client.CoreV1Api(api).create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    rbac.create_cluster_role(role)
+    rbac.create_cluster_role_binding(binding)
+    lease_role = role | {"kind": "Role", "rules": lease_rules}
+    lease_binding = binding | {
+        "kind": "RoleBinding",
+        "roleRef": binding["roleRef"] | {"kind": "Role"},
+    }
+    rbac.create_namespaced_role(namespace, lease_role)
+    rbac.create_namespaced_role_binding(namespace, lease_binding)

@@ -1,10 +1,10 @@
 """Children of a SpecDeployment, rendered as plain dicts by pure functions.
 
 The engine's settings live in a ConfigMap mounted into every pod. The engine watches
-that file but reloads only the run-time part of its speculation section (threshold,
-hysteresis, exploration and its lease), so the pod template carries a hash of everything
-else: a new model, draft, method, k, SLO or batch limit rolls the Deployment, a new threshold
-does not.
+that file but reloads only the run-time part of its speculation section (threshold, per-SKU
+thresholds, hysteresis, exploration and its lease), so the pod template carries a hash of
+everything else: a new model, draft, method, k, SLO or batch limit rolls the Deployment, a new
+threshold does not.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ MERGE_KEYS = {
 }
 CONFIG_HASH_ANNOTATION = "spectune.io/start-config-hash"
 # The engine applies these from its watched config file without a restart.
-RELOADED_SPECULATION = frozenset({"threshold", "hysteresis", "exploration", "lease"})
+RELOADED_SPECULATION = frozenset({"threshold", "thresholds", "hysteresis", "exploration", "lease"})
 
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"

@@ -555,6 +555,7 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
 
     @admin.put("/admin/speculation", responses={401: {}, 422: {}})
     async def put_speculation(
+        request: Request,
         changes: Annotated[
             SpeculationSettings,
             Body(
@@ -567,7 +568,11 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
         given = changes.model_dump(include=changes.model_fields_set)  # absent != null
         new = SpeculationSettings.model_validate(loop.speculation.model_dump() | given)
         await loop.set_speculation(new)
-        log.info("speculation settings changed through the admin API: %s", new.model_dump())
+        log.info(
+            "speculation settings changed through the admin API by %s: %s",
+            request.headers.get("user-agent", "an unnamed client")[:120],
+            new.model_dump(),
+        )
         return _speculation_state(loop)
 
     app.include_router(admin)

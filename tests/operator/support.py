@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from spectune.operator import render
-from spectune.operator.launch import OperatorProcess, launch
+from spectune.operator.launch import OperatorProcess, bind_operator, launch
 from spectune.operator.leadership import Leases
 from spectune.operator.models import GROUP, PLURAL, VERSION
 from tests.cluster.support import REPO, Cluster, is_loopback, sa_kubeconfig
@@ -142,37 +142,6 @@ def delete_specdeployments(admin: client.ApiClient, namespace: str) -> None:
     )
 
 
-def bind_operator(api: client.ApiClient, name: str, rules: list[dict]) -> None:
-    """A ServiceAccount `name` bound to a ClusterRole of these rules, and, as the chart binds
-    it, to a Role of the leader-election rules in its own namespace."""
-    rbac = client.RbacAuthorizationV1Api(api)
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": name},
-        "rules": rules,
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NS}],
-    }
-    client.CoreV1Api(api).create_namespaced_service_account(
-        OPERATOR_NS, {"metadata": {"name": name}}
-    )
-    rbac.create_cluster_role(role)
-    rbac.create_cluster_role_binding(binding)
-    lease_role = role | {"kind": "Role", "rules": yaml.safe_load(LEASE_RULES.read_text())}
-    lease_binding = binding | {
-        "kind": "RoleBinding",
-        "roleRef": binding["roleRef"] | {"kind": "Role"},
-    }
-    rbac.create_namespaced_role(OPERATOR_NS, lease_role)
-    rbac.create_namespaced_role_binding(OPERATOR_NS, lease_binding)
-
-
 def start_operator(
     cluster: Cluster,
     admin: client.ApiClient,
@@ -182,6 +151,7 @@ def start_operator(
     log_level: str = "INFO",
     extra: Sequence[str] = (),
     lease: str | None = None,
+    server: str | None = None,
 ) -> OperatorProcess:
     """The operator as a new ServiceAccount bound to `rules`, once the API server applies them.
     `instance` picks its liveness port: operators running at once need different ones. It
@@ -189,11 +159,18 @@ def start_operator(
     would be); by default one of its own, so that operators of other tests on this cluster
     neither wait for it nor make it wait. `extra` names the namespaces it watches (--namespace):
     make test runs another lane's tests at once (tests/support/lanes.py), whose SpecDeployments
-    an operator watching every namespace would reconcile beside their own operators."""
+    an operator watching every namespace would reconcile beside their own operators.
+    `server`: the API server's address in its kubeconfig, a plain-HTTP proxy in front of it
+    (tests/operator/stall_proxy.py) instead of the API server itself. Its ServiceAccount's
+    name is its log's stem."""
     assert "--namespace" in extra, "a test's operator watches only its tests' namespaces"
     name = f"spectune-operator-{uuid.uuid4().hex[:6]}"
-    bind_operator(admin, name, rules)
+    bind_operator(admin, OPERATOR_NS, name, rules, yaml.safe_load(LEASE_RULES.read_text()))
     kubeconfig = sa_kubeconfig(cluster, OPERATOR_NS, name, tmp / f"{name}.kubeconfig")
+    if server is not None:
+        config = yaml.safe_load(kubeconfig.read_text())
+        config["clusters"][0]["cluster"] = {"server": server}
+        kubeconfig.write_text(yaml.safe_dump(config))
     with cluster.api(kubeconfig) as as_operator:  # the new binding reaches the authorizer
         wait_until("the operator's RBAC", lambda: _can_list(as_operator))
     # released, as the chart makes it at install: a missing one is taken 15 s later

@@ -7,6 +7,8 @@ first calibration, replica and SKU changes, failures) is test_autotune_lifecycle
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kubernetes import client
 
@@ -20,6 +22,7 @@ from .e2e import (
     Load,
     analytic_for,
     calibration_started,
+    events,
     finished_after,
     simulated,
     speculation,
@@ -98,15 +101,20 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
     # a calibration too noisy to decide explores for up to EXTENDED_WINDOWS windows
     longest = 60 + EXTENDED_WINDOWS * spec["tuning"]["calibrationWindowSeconds"] + 90
     with (
-        Load([a100_url], stepping, seconds=longest + 60, temperature=1.0) as busy,
-        Load(others, 6, seconds=longest + 60, temperature=1.0) as light,
+        Load([a100_url], stepping, seconds=2 * longest + 60, temperature=1.0) as busy,
+        Load(others, 6, seconds=2 * longest + 60, temperature=1.0) as light,
     ):
+        # a first calibration may measure the A100 only from 24 up on a busy machine (bucket 16
+        # short of samples): "does not pay from 24" agrees with the start value 1, which
+        # stands; the floor trigger then measures below 24, where this load runs a quarter of
+        # its steps, and the crossing is found (issue 59, O: the test asserted after the first)
         wait_until(
-            "Calibrated=True",
+            "the A100's crossover measured",
             lambda: (
-                sd_condition(admin, namespace, name, "Calibrated").get("status") == "True" or None
+                sd_condition(admin, namespace, name, "Calibrated").get("status") == "True"
+                and a100_crossing(admin, namespace, name)
             ),
-            timeout=longest,
+            timeout=2 * longest,
         )
         truth = analytic_for(a100_url, "A100", k=16)
         assert simulated(cluster, namespace)
@@ -163,3 +171,87 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
         want = {url: after[sku]["threshold"] for url, sku in sku_of.items()}
         wait_until("each engine still on its SKU's threshold", in_step, 2 * RESYNC_SECONDS, 1)
     assert again.sent > 0 and again.failed < again.sent / 10, (again.sent, again.failed)
+
+
+def a100_crossing(admin: client.ApiClient, namespace: str, name: str) -> bool:
+    status = get_sd(admin, namespace, name).get("status") or {}
+    return any(s["sku"] == A100 and s.get("batchSize") for s in status.get("perSku") or [])
+
+
+def per_sku(admin: client.ApiClient, namespace: str, name: str) -> dict[str, int | None]:
+    status = get_sd(admin, namespace, name).get("status") or {}
+    return {s["sku"]: s.get("threshold") for s in status.get("perSku") or []}
+
+
+def idle(admin: client.ApiClient, namespace: str, name: str) -> bool:
+    status = get_sd(admin, namespace, name).get("status") or {}
+    return (status.get("calibration") or {}).get("phase") == "Idle"
+
+
+# Three engines, one a node, on the two H100 nodes and the L4 node.
+H100_AND_L4 = ONE_PER_NODE | {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [
+                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100, L4]}
+                ]}
+            ]
+        }
+    }
+}  # fmt: skip
+
+
+def test_a_sku_whose_only_pod_leaves_and_comes_back_starts_no_calibration(
+    cluster: Cluster, admin: client.ApiClient, tuner: str
+) -> None:
+    """Issue 59, E: an HPA scaling a mixed fleet's only L4 pod away, then back, fired the SKU
+    trigger both times, re-exploring every batch, though both SKUs' thresholds stood in status.
+    Two H100 pods and an L4 pod, measured; the L4 pod goes (its deletion cost the lowest) and
+    comes back: no calibration starts, and both thresholds stand."""
+    namespace, name = tuner, "coming-back"
+    body = specdeployment(name, AUTO)
+    body["spec"]["replicas"] = 3
+    body["spec"]["engine"] |= {"nodeSelector": {}, "template": {"spec": {"affinity": H100_AND_L4}}}
+    create(admin, namespace, body)
+    core = client.CoreV1Api(admin)
+    pods = wait_until("3 ready engines", lambda: all_ready(admin, namespace, name, 3), 150)
+    nodes = {n.metadata.name: n.metadata.labels["nvidia.com/gpu.product"]
+             for n in core.list_node().items}  # fmt: skip
+    (l4,) = [p for p in pods if nodes[p.spec.node_name] == L4]
+    with Load(urls(pods), 3, seconds=900, temperature=1.0) as load:
+        wait_until(
+            "both SKUs measured",
+            lambda: (
+                set(per_sku(admin, namespace, name)) == {H100, L4} and idle(admin, namespace, name)
+            ),
+            timeout=300,
+        )
+        measured = per_sku(admin, namespace, name)
+        cost = {"controller.kubernetes.io/pod-deletion-cost": "-100"}
+        core.patch_namespaced_pod(l4.metadata.name, namespace, {"metadata": {"annotations": cost}})
+        since = time.time()
+        patch_sd(admin, namespace, name, {"replicas": 2})
+
+        def on_h100_only() -> list | None:
+            ready = all_ready(admin, namespace, name, 2)
+            return ready if ready and all(nodes[p.spec.node_name] == H100 for p in ready) else None
+
+        load.retarget(urls(wait_until("the L4 pod gone", on_h100_only, 120)))
+        time.sleep(30)  # three resyncs without it
+        patch_sd(admin, namespace, name, {"replicas": 3})
+        back = wait_until(
+            "3 ready engines again", lambda: all_ready(admin, namespace, name, 3), 150
+        )
+        assert sorted(nodes[p.spec.node_name] for p in back) == [H100, H100, L4]
+        load.retarget(urls(back))
+        time.sleep(40)  # four resyncs with the L4 pod back and scraped
+        started = [
+            e.message
+            for e in events(admin, namespace, name)
+            if e.reason == "CalibrationStarted"
+            and e.metadata.creation_timestamp.timestamp() >= since - 1
+        ]
+        assert started == [], started
+        assert per_sku(admin, namespace, name) == measured
+    assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)

@@ -23,7 +23,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +321,45 @@ def test_a_replica_change_recalibrates(admin: client.ApiClient, calibrated: Flee
     print(f"\nreplica trigger: {message}")
 
 
+def test_a_pod_that_joins_mid_calibration_explores_only_once_prometheus_has_it(
+    cluster: Cluster, admin: client.ApiClient, fleet: Fleet
+) -> None:
+    """Issue 59, F: a pod that became ready while a calibration explored got the raised share
+    at once, while MetricsAvailable said it was not scraped. The calibration the replica change
+    started explores; a third pod joins it: until Prometheus holds its series, it runs its
+    base share. Leaves three replicas."""
+    namespace = fleet.namespace
+    wait_until(
+        "the replica change's calibration exploring",
+        lambda: calibration_phase(admin, namespace, NAME) == "Exploring" or None,
+        60,
+    )
+    # a longer window keeps this calibration exploring while the third pod starts
+    patch_sd(admin, namespace, NAME, {"tuning": {"calibrationWindowSeconds": 120}})
+    before = {p.metadata.name for p in all_ready(admin, namespace, NAME, 2) or []}
+    scale(admin, namespace, 3)
+    three = wait_until("3 ready engines", lambda: all_ready(admin, namespace, NAME, 3), 120)
+    assert calibration_phase(admin, namespace, NAME) == "Exploring"
+    (new,) = [p for p in three if p.metadata.name not in before]
+    (url,) = urls([new])
+    fleet.load.retarget(urls(three))
+    query = f'{contract.ENGINE_INFO}{{namespace="{namespace}",pod="{new.metadata.name}"}}'
+    scraped_at = explored_at = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and explored_at is None:
+        if scraped_at is None and cluster.prometheus("/api/v1/query", query=query)["result"]:
+            scraped_at = time.monotonic()
+        if speculation(url)["effective_exploration"] > BASE_EXPLORATION + 1e-9:
+            explored_at = time.monotonic()
+        time.sleep(0.2)
+    assert explored_at is None or (scraped_at is not None and explored_at >= scraped_at), (
+        f"explored {explored_at}, scraped {scraped_at}"
+    )
+    waited = None if explored_at is None or scraped_at is None else explored_at - scraped_at
+    print(f"\nthe new pod explored {waited} s after Prometheus first had it")
+    patch_sd(admin, namespace, NAME, {"tuning": {"calibrationWindowSeconds": FLEET_WINDOW}})
+
+
 def test_a_killed_operator_leaves_no_engine_exploring_and_the_next_resumes(
     admin: client.ApiClient, calibrated: Fleet
 ) -> None:
@@ -339,7 +378,7 @@ def test_a_killed_operator_leaves_no_engine_exploring_and_the_next_resumes(
     wait_until("exploration raised", lambda: exploring(url), timeout=120)
     # commit then act: status said Exploring before any engine explored
     assert calibration_phase(admin, namespace, NAME) == "Exploring"
-    assert calibration_started(admin, namespace, NAME, "replicas changed from 2 to 1")
+    assert calibration_started(admin, namespace, NAME, "replicas changed from 3 to 1")
     operator.kill()
     killed = time.monotonic()
     try:
@@ -377,10 +416,10 @@ def test_a_gpu_sku_change_recalibrates_on_the_new_sku(
     calibrated.load.retarget(urls(calibrated.pods))
     message = wait_until(
         "a calibration naming the SKU change",
-        lambda: calibration_started(admin, namespace, NAME, "GPU SKUs changed"),
+        lambda: calibration_started(admin, namespace, NAME, "not measured yet"),
         150,
     )
-    assert f"from {H100} to" in message and A100 in message, message
+    assert f"pods run on {A100}" in message and f"(measured: {H100})" in message, message
 
     def calibrated_on_a100() -> dict[str, Any] | None:
         status = get_sd(admin, namespace, NAME).get("status") or {}
@@ -477,3 +516,31 @@ def test_manual_pins_every_engine_and_auto_measures_again(
 
     cal = wait_until("a calibration after Manual -> Auto", started, 60)
     assert cal["trigger"] == "Initial", cal
+
+
+def test_a_k_change_re_measures_at_once_while_the_dwell_holds_a_move(
+    admin: client.ApiClient, calibrated: Fleet
+) -> None:
+    """Issue 59, C: a move the minimum dwell held back sets `retryAfter` to the dwell's end (an
+    hour here, written into status as such a move leaves it); k then changes from 4 to 6. The
+    engines run a threshold measured for k = 4: the calibration of k = 6 starts within a turn,
+    not an hour later."""
+    namespace = calibrated.namespace
+    held = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    client.CustomObjectsApi(admin).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, NAME,
+        {"status": {"calibration": {"retryAfter": held, "failures": 0}}},
+    )  # fmt: skip
+    since = datetime.now(UTC).timestamp()
+    patch_sd(admin, namespace, NAME, {"speculation": {"numSpeculativeTokens": 6}})
+
+    def started() -> str | None:
+        return next(
+            (e.message for e in events(admin, namespace, NAME)
+             if e.reason == "CalibrationStarted" and "k 4 -> 6" in e.message
+             and e.metadata.creation_timestamp.timestamp() >= since - 1),
+            None,
+        )  # fmt: skip
+
+    message = wait_until("a calibration of k = 6", started, timeout=60)
+    print(f"\nspec trigger through the dwell: {message}")

@@ -106,6 +106,10 @@ def test_settings_read_at_start_roll_the_pods(change: dict[str, object]) -> None
 def test_run_time_speculation_settings_do_not_roll_the_pods() -> None:
     assert config_hash(SPEC, 12) == config_hash(SPEC, 7) == config_hash(SPEC, None)
     assert config_hash(SPEC, 12, exploration=20) == config_hash(SPEC, 12)
+    per_sku = render.engine_config(SPEC, 12, 2, {"NVIDIA-L4": 24})  # measured per SKU: no roll
+    assert render.start_config_hash(per_sku) == render.start_config_hash(
+        render.engine_config(SPEC, 12, 2)
+    )
     hysteresis = render.engine_config(SPEC, 12, 2)
     hysteresis["speculation"]["hysteresis"] = 3.0
     assert render.start_config_hash(hysteresis) == render.start_config_hash(
