@@ -15,6 +15,7 @@ from kubernetes import client
 from spectune.engine.crossover import Crossover, bucket_distance
 from spectune.operator.autotune import EXTENDED_WINDOWS
 from spectune.operator.handlers import RESYNC_SECONDS
+from spectune.operator.models import GROUP, PLURAL, VERSION
 from tests.cluster.support import Cluster
 from tests.support.waiting import wait_until
 
@@ -171,6 +172,10 @@ def test_each_sku_gets_its_measured_crossover_and_its_pods_run_its_threshold(
         want = {url: after[sku]["threshold"] for url, sku in sku_of.items()}
         wait_until("each engine still on its SKU's threshold", in_step, 2 * RESYNC_SECONDS, 1)
     assert again.sent > 0 and again.failed < again.sent / 10, (again.sent, again.failed)
+    # its four engines leave the CPU (and the nodes) to the next test
+    client.CustomObjectsApi(admin).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
 
 
 def a100_crossing(admin: client.ApiClient, namespace: str, name: str) -> bool:
@@ -188,8 +193,16 @@ def idle(admin: client.ApiClient, namespace: str, name: str) -> bool:
     return (status.get("calibration") or {}).get("phase") == "Idle"
 
 
-# Three engines, one a node, on the two H100 nodes and the L4 node.
-H100_AND_L4 = ONE_PER_NODE | {
+# Three engines of one deployment, one a node, on the two H100 nodes and the L4 node.
+H100_AND_L4 = {
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "coming-back"}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    },
     "nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [
@@ -212,7 +225,15 @@ def test_a_sku_whose_only_pod_leaves_and_comes_back_starts_no_calibration(
     namespace, name = tuner, "coming-back"
     body = specdeployment(name, AUTO)
     body["spec"]["replicas"] = 3
-    body["spec"]["engine"] |= {"nodeSelector": {}, "template": {"spec": {"affinity": H100_AND_L4}}}
+    body["spec"]["engine"] |= {
+        "nodeSelector": {},
+        "template": {"spec": {"affinity": H100_AND_L4}},
+        # clocks 4x slower than the SKU (the runner's default is 16): the L4 engine, the
+        # slowest, then makes each bucket's samples within a window
+        "podAnnotations": {"spectune.io/simulate-gpu": "true",
+                           "spectune.io/simulate-time-scale": "4"},
+    }  # fmt: skip
+    body["spec"]["tuning"]["calibrationWindowSeconds"] = 60
     create(admin, namespace, body)
     core = client.CoreV1Api(admin)
     pods = wait_until("3 ready engines", lambda: all_ready(admin, namespace, name, 3), 150)
@@ -220,13 +241,18 @@ def test_a_sku_whose_only_pod_leaves_and_comes_back_starts_no_calibration(
              for n in core.list_node().items}  # fmt: skip
     (l4,) = [p for p in pods if nodes[p.spec.node_name] == L4]
     with Load(urls(pods), 3, seconds=900, temperature=1.0) as load:
-        wait_until(
-            "both SKUs measured",
-            lambda: (
-                set(per_sku(admin, namespace, name)) == {H100, L4} and idle(admin, namespace, name)
-            ),
-            timeout=300,
-        )
+        try:
+            wait_until(
+                "both SKUs measured",
+                lambda: (
+                    set(per_sku(admin, namespace, name)) == {H100, L4}
+                    and idle(admin, namespace, name)
+                ),
+                timeout=300,
+            )
+        except AssertionError as e:
+            said = [f"{e.reason}: {e.message}" for e in events(admin, namespace, name)]
+            raise AssertionError(f"{e}; status {get_sd(admin, namespace, name)}; {said}") from e
         measured = per_sku(admin, namespace, name)
         cost = {"controller.kubernetes.io/pod-deletion-cost": "-100"}
         core.patch_namespaced_pod(l4.metadata.name, namespace, {"metadata": {"annotations": cost}})

@@ -526,6 +526,7 @@ def test_a_k_change_re_measures_at_once_while_the_dwell_holds_a_move(
     engines run a threshold measured for k = 4: the calibration of k = 6 starts within a turn,
     not an hour later."""
     namespace = calibrated.namespace
+    before = {p.metadata.name for p in calibrated.pods}
     held = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     client.CustomObjectsApi(admin).patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, PLURAL, NAME,
@@ -533,6 +534,12 @@ def test_a_k_change_re_measures_at_once_while_the_dwell_holds_a_move(
     )  # fmt: skip
     since = datetime.now(UTC).timestamp()
     patch_sd(admin, namespace, NAME, {"speculation": {"numSpeculativeTokens": 6}})
+
+    def rolled() -> list[Any] | None:  # k is read at start: the pod is replaced
+        ready = all_ready(admin, namespace, NAME, 1)
+        return ready if ready and ready[0].metadata.name not in before else None
+
+    calibrated.load.retarget(urls(wait_until("the engine with k = 6", rolled, 120)))
 
     def started() -> str | None:
         return next(
