@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 
 from spectune.engine.crossover import ModeStats, StatsByBucket
 
+# The share of requests refused beyond which a window's admission, not its threshold, decided
+# what it served (Traffic.admission_limited).
+ADMISSION_LIMITED_SHARE = 0.02
+
 
 class MetricsUnavailable(Exception):
     """The metrics store could not be asked or gave an answer that is not a query result."""
@@ -39,6 +43,7 @@ class Traffic:
     drafted_tokens: float | None = None
     accepted_tokens: float | None = None
     mean_running: float | None = None  # running batch, averaged over time and pods
+    mean_waiting: float | None = None  # requests waiting for admission, averaged, all pods
     admitted_concurrency: float | None = None  # full-context sequences KV admits, all pods
     e2e_p95_seconds: float | None = None  # end-to-end request latency, 95th percentile
     inter_token_seconds: float | None = None  # summed gaps between streamed tokens
@@ -63,6 +68,21 @@ class Traffic:
         if self.ok_requests is None or self.rejected_requests is None:
             return None
         return self.ok_requests + self.rejected_requests
+
+    @property
+    def admission_limited(self) -> bool | None:
+        """Whether admission, not the threshold, decided what this window served: requests
+        refused (a full queue) beyond ADMISSION_LIMITED_SHARE of those judged, or requests
+        waiting to be admitted (KV full) beyond one an engine on average. What such a window
+        finished, and how many of those met the SLO, is what admission let through: its
+        traffic mix and SLO-met share say nothing of the threshold. Its decode steps still do.
+        None: unknown."""
+        rejected, judged = self.rejected_requests, self.judged_requests
+        refused = None if rejected is None or not judged else rejected / judged
+        queued = _ratio(self.mean_waiting, self.engines)
+        if refused is None and queued is None:
+            return None
+        return (refused or 0.0) > ADMISSION_LIMITED_SHARE or (queued or 0.0) > 1.0
 
     @property
     def slo_met_share(self) -> float | None:

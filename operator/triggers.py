@@ -177,7 +177,10 @@ def traffic_shifted(
     busy L4 fleet lost 46% of the goodput of the five minutes after it while three windows
     passed, spectune-sim). The message names every signal that moved (longer prompts also
     slow the request rate: which moved tells what changed). One noisy window, or noise within
-    the percent, never fires; a window where the signal is unknown breaks the run."""
+    the percent, never fires; a window where the signal is unknown breaks the run, and so does
+    one whose admission was limited (`Traffic.admission_limited`): what it finished is what
+    admission let through (an overloaded fleet moved its threshold from 4 to 16 on such a
+    "shift", spectune-sim)."""
     moved: list[str] = []
     pushes: set[int] = set()  # which way the moved signals push speedup
     hurt = _slo_fell(recent)
@@ -185,7 +188,7 @@ def traffic_shifted(
         base = getattr(baseline, attr)
         if base is None or base <= 0:
             continue
-        values = [getattr(w, attr) for w in recent]
+        values = [None if w.admission_limited else getattr(w, attr) for w in recent]
         held = _held_move(base, values, percent, windows)
         last = _held_move(base, values, percent, 1) if hurt is not None else None
         if held is None and last is not None and (rising or 0) * last[0][0] < 0:

@@ -173,10 +173,18 @@ def slo_share_drop(
 ) -> GoodputCheck | None:
     """The SLO-met share's verdict (compare_goodput's second measure: "roll_back" where it
     fell beyond noise, from `before` to `after`, `since` naming what came between); None when
-    neither window measured it."""
+    neither window measured it; "unknown" where admission was limited already before
+    (`Traffic.admission_limited`: the share is then what admission let through, whatever the
+    threshold; a fleet the change itself brought to refuse or queue requests is judged)."""
     p0, p1 = before.slo_met_share, after.slo_met_share
     if p0 is None or p1 is None:
         return None
+    if before.admission_limited:
+        return GoodputCheck(
+            "unknown",
+            "requests were refused or queued for admission already before: the SLO-met share "
+            "is what admission let through, not the threshold's doing",
+        )
     n0, n1 = before.judged_requests, after.judged_requests
     assert n0 is not None and n1 is not None  # a share needs them
     if min(n0, n1) < min_requests:

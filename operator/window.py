@@ -55,6 +55,7 @@ FIGURES: Mapping[str, Figure] = {
     "inter_token_seconds": Figure("increase", f"{c.INTER_TOKEN_LATENCY}_sum"),
     "inter_tokens": Figure("increase", f"{c.INTER_TOKEN_LATENCY}_count"),
     "running": Figure("mean", c.NUM_REQUESTS_RUNNING),
+    "waiting": Figure("total", c.NUM_REQUESTS_WAITING),
     "admitted": Figure("total", c.ADMITTED_CONCURRENCY),
     "e2e_p95": Figure("p95", f"{c.E2E_REQUEST_LATENCY}_bucket"),
 }
@@ -129,6 +130,7 @@ def fleet_window(
         drafted_tokens=total("drafted_tokens"),
         accepted_tokens=total("accepted_tokens"),
         mean_running=one("running"),
+        mean_waiting=one("waiting"),
         admitted_concurrency=one("admitted"),
         e2e_p95_seconds=one("e2e_p95"),
         inter_token_seconds=total("inter_token_seconds"),

@@ -3,6 +3,7 @@ on no change, unknown data and noise."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -269,3 +270,26 @@ def test_unknown_traffic_never_fires() -> None:
     assert unknown.request_rate is None and unknown.acceptance is None
     no_drafts = Traffic(seconds=WINDOW, drafted_tokens=0.0, accepted_tokens=0.0)
     assert no_drafts.acceptance is None  # nothing drafted: unknown, not 0% acceptance
+
+
+def test_windows_whose_admission_was_limited_shift_nothing() -> None:
+    """Issue 59, N: in an overload the requests a window finishes are those admission let
+    through, and their SLO-met share follows the queue, not the threshold: an overloaded fleet
+    moved its threshold from 4 to 16 on such a "shift" (spectune-sim). A window that refused
+    more than 2% of its requests, or kept more than one an engine waiting for admission, counts
+    as unknown: it breaks a run of shifted windows, and it judges no SLO share."""
+    base, shifted = traffic(), traffic(tokens=200)
+    refusing = dataclasses.replace(shifted, rejected_requests=0.05 * shifted.requests)
+    queueing = dataclasses.replace(shifted, mean_waiting=3.0)
+    assert not shifted.admission_limited
+    assert refusing.admission_limited and queueing.admission_limited
+    assert traffic_shifted(base, [base, shifted, shifted, shifted], percent=30) is not None
+    for limited in (refusing, queueing):
+        assert traffic_shifted(base, [base, shifted, limited, shifted], percent=30) is None
+    missing = dataclasses.replace(traffic(acceptance=0.3, slo_met=0.6), mean_waiting=5.0)
+    assert traffic_shifted(base, [base, base, missing], percent=30) is None
+    overloaded = dataclasses.replace(base, mean_waiting=5.0)
+    assert (
+        traffic_shifted(base, [base, overloaded, traffic(acceptance=0.3, slo_met=0.6)], 30) is None
+    )
+    assert Traffic(seconds=WINDOW).admission_limited is None  # nothing known

@@ -61,6 +61,17 @@ def test_requests_a_client_abandoned_are_not_judged() -> None:
     assert compare_goodput(goodput(600, 600), refused, None).verdict == "roll_back"
 
 
+def test_an_slo_share_admission_already_limited_before_the_change_judges_nothing() -> None:
+    """Issue 59, N: refusals or a queue before the change make the SLO-met share what admission
+    let through; the change is judged by its decode alone. One whose after window refuses
+    requests the before window served is judged: its memory bill may be the cause."""
+    queued = dataclasses.replace(goodput(600, 570), mean_waiting=4.0, engines=2.0)
+    check = compare_goodput(queued, goodput(600, 480), None)
+    assert check.verdict == "unknown" and "admission" in check.message
+    refusing = dataclasses.replace(goodput(600, 480), requests=700, rejected_requests=100)
+    assert compare_goodput(goodput(600, 570), refusing, None).verdict == "roll_back"
+
+
 def test_a_goodput_drop_within_binomial_noise_keeps() -> None:
     assert compare_goodput(goodput(600, 570), goodput(600, 560), None).verdict == "keep"
     assert compare_goodput(goodput(600, 570), goodput(600, 590), None).verdict == "keep"
