@@ -130,6 +130,7 @@ def apply_children(
         key = (child["kind"], child["metadata"]["name"])
         if not applying.due(child, applied.get(key), live.get(key), now):
             continue
+        rendered = applying.digest(child)  # before kopf.adopt adds the owner to it
         try:
             result = _apply_child(body, child)
         except Exception as err:  # the API's errors, a network one: said, not raised
@@ -138,7 +139,7 @@ def apply_children(
             applied.pop(key, None)
             continue
         seen = applying.identity(child["kind"], result["metadata"])
-        applied[key] = applying.Applied(applying.digest(child), seen, now)
+        applied[key] = applying.Applied(rendered, seen, now)
     return "; ".join(refused) or None
 
 

@@ -4,6 +4,8 @@ is applied only when it is due."""
 
 from __future__ import annotations
 
+import copy
+
 from kubernetes.client.exceptions import ApiException
 
 from spectune.operator import applying, handlers, render
@@ -49,26 +51,26 @@ def test_a_child_is_applied_only_when_its_content_or_the_live_object_moved(monke
 
     def apply(body: dict, child: dict) -> dict:
         sent.append(child["kind"])
+        child["metadata"]["ownerReferences"] = [{"name": "llm"}]  # as kopf.adopt does
         meta = child["metadata"] | {"resourceVersion": str(next(versions)), "generation": 3}
         return child | {"metadata": meta}
 
     monkeypatch.setattr(handlers, "_apply_child", apply)
     body, books = {"metadata": {"name": "llm"}}, {}
-    children = [*owned(), {"kind": "PodMonitor", "metadata": {"name": "llm"}, "spec": {}}]
-    assert handlers.apply_children(body, children, books, {}, 0.0) is None
-    assert sent == ["ConfigMap", "Deployment", "Service", "PodMonitor"]
+    monitor = {"kind": "PodMonitor", "metadata": {"name": "llm"}, "spec": {}}
+
+    def turn(live: dict, at: float, threshold: int = 8) -> list[str]:
+        """One turn's apply of freshly rendered children (as a turn renders them)."""
+        sent.clear()
+        config = render.engine_config(spec(), threshold, 2)
+        rendered = [*handlers.children("llm", "ns", spec(), config), copy.deepcopy(monitor)]
+        assert handlers.apply_children(body, rendered, books, live, at) is None
+        return list(sent)
+
+    assert turn({}, 0.0) == ["ConfigMap", "Deployment", "Service", "PodMonitor"]
     live = {key: a.identity for key, a in books.items()}
-    sent.clear()
-    assert handlers.apply_children(body, children, books, live, 10.0) is None
-    assert sent == []  # nothing moved
+    assert turn(live, 10.0) == []  # nothing moved
     edited = live | {("Deployment", "llm"): "4"}  # a kubectl edit bumped its generation
-    handlers.apply_children(body, children, books, edited, 20.0)
-    assert sent == ["Deployment"]
-    sent.clear()
-    moved = owned()
-    moved[0] = render.config_map("llm", "ns", render.engine_config(spec(), 12, 2))
-    handlers.apply_children(body, [*moved, *children[3:]], books, live, 30.0)
-    assert sent == ["ConfigMap"]
-    sent.clear()
-    handlers.apply_children(body, children, books, live, applying.REPAIR_SECONDS + 1)
-    assert "PodMonitor" in sent  # no watch covers it: repaired on a timer
+    assert turn(edited, 20.0) == ["Deployment"]
+    assert turn(live, 30.0, threshold=12) == ["ConfigMap"]
+    assert "PodMonitor" in turn(live, applying.REPAIR_SECONDS + 1)  # no watch: on a timer

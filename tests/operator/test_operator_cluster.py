@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,9 +19,11 @@ from kubernetes.client.exceptions import ApiException
 
 from spectune.operator import render
 from spectune.operator.models import GROUP, PLURAL, VERSION
+from tests.cluster.support import load_script
 from tests.support.waiting import wait_until
 
 from .support import (
+    OPERATOR_NS,
     all_ready,
     assert_engines_serve,
     create,
@@ -34,6 +38,7 @@ from .support import (
 )
 
 pytestmark = pytest.mark.cluster
+audit = load_script("audit")  # hack/audit.py: the API server's audit log
 CLAIM = {"persistentVolumeClaim": {"claimName": "w"}}
 
 
@@ -343,6 +348,33 @@ def test_the_log_is_quiet_about_resyncs(admin, operator, namespace) -> None:
     log = operator.read_text()
     successes = re.findall(r"^.* INFO kopf\.objects: .*succeeded\.$", log, re.MULTILINE)
     assert successes == []
+
+
+def test_a_settled_specdeployment_costs_the_api_server_nothing_but_its_watches(
+    admin, operator, namespace
+) -> None:
+    """Issue 59, J: every 10 s turn read the object, its pods and Deployment, created the token
+    Secret (a 409), patched status, and read and force-applied every child: some 14 requests a
+    turn for nothing. Once a SpecDeployment has settled, its turns make no request of the API
+    server but its watches and the Lease (the API server's audit log, over three turns)."""
+    create(admin, namespace, specdeployment("steady", replicas=0))
+    core = client.CoreV1Api(admin)
+    wait_until(
+        "the ConfigMap",
+        lambda: get_or_none(core.read_namespaced_config_map, "steady-engine-config", namespace),
+    )
+    wait_until("a status", lambda: get_sd(admin, namespace, "steady").get("status") or None)
+    time.sleep(25)  # two more turns: whatever the first ones still had to write
+    since = datetime.now(UTC)
+    time.sleep(35)  # three turns
+    user = audit.service_account(OPERATOR_NS, operator.stem)
+    made = [
+        f"{c.verb} {c.resource} {c.name} ({c.code})"
+        for c in audit.calls()
+        if c.user == user and c.at >= since
+        and c.verb not in ("watch", "list") and c.resource != "leases"
+    ]  # fmt: skip
+    assert made == []
 
 
 def test_pod_monitor_is_rendered_when_the_prometheus_operator_crd_exists(
