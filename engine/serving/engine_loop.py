@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,11 +24,23 @@ from typing import Any
 from spectune.engine.engine import Iteration, LLMEngine
 from spectune.engine.request_timing import RequestTiming
 from spectune.engine.sequence import SamplingParams, Sequence
+from spectune.engine.serving.health import Health, poisons_the_device
 from spectune.engine.serving.metrics import EngineMetrics
 from spectune.engine.serving.settings import SloSettings, SpeculationSettings
 from spectune.engine.torch_thread import TORCH_THREAD
 
 log = logging.getLogger("spectune.engine")
+
+
+def exit_poisoned(error: BaseException) -> None:
+    """Exit at once with one line naming the error: nothing this process runs on the device
+    can work again, and only a new container gets a fresh CUDA context."""
+    sys.stderr.write(
+        f"spectune-engine: error: the CUDA context is broken ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''}); exiting so that it restarts\n"
+    )
+    sys.stderr.flush()
+    os._exit(3)
 
 
 class Overloaded(Exception):
@@ -70,6 +84,8 @@ class EngineLoop:
         slo: SloSettings,
         max_queue: int,
         clock: Callable[[], float] = time.monotonic,
+        health: Health | None = None,
+        poisoned: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -77,6 +93,9 @@ class EngineLoop:
         self.slo = slo
         self.max_queue = max_queue
         self.clock = clock
+        self.health = health or Health()
+        # an error that breaks the CUDA context: the process exits (the container restarts)
+        self.poisoned = poisoned or exit_poisoned
         self.accepting = True
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -166,12 +185,19 @@ class EngineLoop:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
+            self.health.started()
             try:
                 self._step()
             except Exception as err:
+                self.health.failed(err)
+                self.metrics.iteration_failures.inc()
+                if poisons_the_device(err):
+                    self.poisoned(err)
                 log.exception("engine iteration failed; failing its requests")
                 for stream in list(self._streams.values()):
                     self._fail(stream, f"engine error: {err}")
+            else:
+                self.health.finished()
 
     def _run_commands(self) -> None:
         while True:

@@ -86,6 +86,10 @@ class EngineMetrics:
             _labels(c.ITERATIONS),
             registry=r,
         )
+        self.iteration_failures = Counter(
+            _name(c.ITERATION_FAILURES), "Iterations that raised (their requests failed)",
+            registry=r,
+        )  # fmt: skip
         self.drafts = Counter(_name(c.SPEC_DRAFTS), "Sequences drafted for", registry=r)
         self.draft_tokens = Counter(_name(c.SPEC_DRAFT_TOKENS), "Drafted tokens", registry=r)
         self.accepted = Counter(

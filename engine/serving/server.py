@@ -37,6 +37,7 @@ from spectune.engine.serving.engine_loop import (
     Overloaded,
     RequestStream,
 )
+from spectune.engine.serving.health import Health
 from spectune.engine.serving.metrics import EngineMetrics
 from spectune.engine.serving.settings import (
     ServeSettings,
@@ -222,6 +223,7 @@ class Server:
             self.settings.slo,
             self.settings.max_queue,
             clock=engine.simulation.clock if engine.simulation else time.monotonic,
+            health=Health(hang_seconds=self.settings.hang_timeout_s),
         )
         self.loop.start(asyncio.get_running_loop())
         self.ready = True
@@ -263,6 +265,10 @@ class Server:
             log.info("speculation settings from %s applied: %s", path, settings.model_dump())
 
     # --- helpers -----------------------------------------------------------------------
+
+    def unhealthy(self) -> str | None:
+        """Why the engine cannot serve (its iterations keep failing, or one is stuck)."""
+        return None if self.loop is None else self.loop.health.verdict()
 
     def engine_loop(self) -> EngineLoop:
         if self.loop is None or not self.ready:
@@ -461,13 +467,17 @@ def create_app(settings: ServeSettings, on_failure: Callable[[], None] = lambda:
             oai.error_body(str(err.detail), "invalid_request_error"), err.status_code
         )
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", responses={503: {"description": "iterations failing, or one stuck"}})
+    async def healthz() -> JSONResponse:
+        if (why := server.unhealthy()) is not None:
+            return JSONResponse({"status": "unhealthy", "reason": why}, 503)
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz", responses={503: {"description": "loading or draining"}})
+    @app.get("/readyz", responses={503: {"description": "loading, draining or unhealthy"}})
     async def readyz() -> JSONResponse:
         ok = server.ready and server.loop is not None and server.loop.accepting
+        if ok and (why := server.unhealthy()) is not None:
+            return JSONResponse({"status": "not ready", "reason": why}, 503)
         return JSONResponse({"status": "ready" if ok else "not ready"}, 200 if ok else 503)
 
     @app.get("/metrics")

@@ -128,6 +128,9 @@ class ServeSettings(BaseModel):
     admin_token_file: Path | None = None
     config_file: Path | None = None
     drain_timeout_s: float = Field(30.0, ge=0)
+    # One iteration running longer than this makes the engine unhealthy (/healthz 503: the
+    # kubelet restarts it): it must outlast the longest legitimate iteration, a long prefill.
+    hang_timeout_s: float = Field(120.0, gt=0)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     seed: int = 0
     # Run on a simulated GPU SKU (engine/simulated_device.py): real tokens, the SKU's clock.
