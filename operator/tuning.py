@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -121,17 +122,16 @@ def observe(
     since = [t for p in live if (t := ready_since(p)) is not None]
     ready_at = max(since) if since else None
     seconds = autotune.window_seconds(spec, state.calibration, now, ready_at, interval)
+    without = functools.partial(
+        Observation, now, ready, settled, None, selector=selector, ready_at=ready_at
+    )
     try:
         window = read(seconds)
-    except Exception as err:  # whatever a read raises, the state machine goes on without it
-        unexpected = not isinstance(err, MetricsUnavailable)
-        if unexpected:
-            log.exception("reading the engines' metrics failed")
-        return Observation(
-            now, ready, settled, None, error=str(err) if not unexpected else repr(err)[:300],
-            error_reason="MetricsReadFailed" if unexpected else "PrometheusUnavailable",
-            selector=selector, ready_at=ready_at,
-        )  # fmt: skip
+    except MetricsUnavailable as err:
+        return without(error=str(err))
+    except Exception as err:  # whatever else a read raises, the turn goes on without a window
+        log.exception("reading the engines' metrics failed")
+        return without(error=repr(err)[:300], error_reason="MetricsReadFailed")
     problems: Mapping[str, str] = {}
     serving = ready_pods(pods)
     late = overdue(serving, [p for p in serving if p not in window.engines], now, window)
