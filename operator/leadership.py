@@ -164,7 +164,13 @@ class Elector:
             try:
                 lease = self.leases.read(self.timing.retry_s)
                 record = None if lease is None else Record.of(lease)
-                seen = sight(seen, record, self.clock())
+                sighted = sight(seen, record, self.clock())
+                if record is None and sighted is not seen:
+                    log.info(
+                        "the Lease does not exist: taking it in %.0f s unless a leader makes it",
+                        self.timing.lease_s,
+                    )
+                seen = sighted
                 if may_take(self.identity, record, seen, self.clock(), self.timing.lease_s):
                     body = taken(
                         lease,
@@ -178,11 +184,6 @@ class Elector:
                         self.renewed_at = sent
                         log.info("leading: took the Lease as %s", self.identity)
                         return True
-                elif record is None and seen.since == self.clock():
-                    log.info(
-                        "the Lease does not exist: taking it in %.0f s unless a leader makes it",
-                        self.timing.lease_s,
-                    )
             except TRANSIENT as err:
                 log.warning("reading the Lease failed (retrying): %s", err)
             stopping.wait(self.timing.retry_s)
