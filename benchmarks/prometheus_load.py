@@ -268,6 +268,7 @@ def engine_series(page: Page, pod: Pod) -> None:
             own = labels(mode=mode, explored=str(explored).lower())
             counter(c.ITERATIONS, own, COUNT, rate)
     counter(c.SPEC_DRAFTS, base, COUNT, drafts)
+    counter(c.ITERATION_FAILURES, base, CONSTANT, "0.0")  # a healthy engine's
     counter(c.SPEC_DRAFT_TOKENS, base, COUNT, drafts, K)
     counter(c.SPEC_ACCEPTED_TOKENS, base, COUNT, drafts, K * ACCEPTANCE)
     gauge(c.SPEC_THRESHOLD, CONSTANT, f"{sku.threshold}.0")
