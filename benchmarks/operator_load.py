@@ -85,6 +85,11 @@ def main() -> int:
     run = uuid.uuid4().hex[:6]
     namespace, account = f"opload-{run}", f"opload-{run}"
     args.out.mkdir(parents=True, exist_ok=True)
+    # The CRD, as the chart installs it: a fresh cluster has none.
+    crd = REPO / "crds" / "specdeployments.spectune.io.yaml"
+    kubectl = [str(REPO / ".local" / "bin" / "kubectl"), "--kubeconfig", str(kubeconfig)]
+    subprocess.run([*kubectl, "apply", "--server-side", "-f", str(crd)], check=True)
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "-f", str(crd)], check=True)
     core.create_namespace({"metadata": {"name": namespace}})
     rules = yaml.safe_load((CHART_FILES / "operator-rules.yaml").read_text())
     lease_rules = yaml.safe_load((CHART_FILES / "leader-election-rules.yaml").read_text())
