@@ -1,13 +1,14 @@
 # spectune: `make test` installs what is missing and runs every test; `make demo` runs the main job;
 # `make check` is the inner loop: lint and every test that needs neither the local cluster nor a
-# Go-built tool and is not slow (the minute-long soak, the clean install, the SKU sweeps): about 3
-# minutes. The markers say which; collection fails on a test that lacks the marker it needs.
+# Go-built tool nor the images and is not slow (the minute-long soak, the clean install, the SKU
+# sweeps): about 4 minutes. The markers say which; collection fails on a test that lacks the
+# marker it needs. `make images` builds both images with podman (hack/images.sh).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test check lint demo bench-demo demo-down models bench-models crds chart-readme \
+.PHONY: install test check lint images demo bench-demo demo-down models bench-models crds chart-readme \
 	clean
 
 install: $(STAMP)
@@ -28,13 +29,16 @@ test: lint models
 	@hack/test.sh
 
 check: lint
-	$(BIN)/pytest -m "not cluster and not tools and not slow"
+	$(BIN)/pytest -m "not cluster and not tools and not slow and not images"
 
 models: install
 	$(BIN)/spectune-engine models build --size tiny
 
 bench-models: install
 	$(BIN)/spectune-engine models build --size bench
+
+images:
+	@hack/images.sh
 
 crds: install
 	$(BIN)/spectune-operator crd > crds/specdeployments.spectune.io.yaml

@@ -7,6 +7,7 @@ only place that knows both spellings.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,5 +163,15 @@ def save_checkpoint(
     (path / "config.json").write_text(json.dumps(config, indent=2))
     gen = {"eos_token_id": eos_token_id, "do_sample": False}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    save_file(_to_hf_names(model), str(path / "model.safetensors"), metadata={"format": "pt"})
+    weights = path / "model.safetensors"
+    save_file(_to_hf_names(model), str(weights), metadata={"format": "pt"})
+    # safetensors writes its file owner-only (0600): the umask's mode, as for the other files,
+    # so that an engine running as another user (an image's 10001) can read a shared volume.
+    weights.chmod(0o666 & ~_umask())
     tokenizer.save(str(path / "tokenizer.json"))
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

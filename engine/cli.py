@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spectune.engine.checkpoint import ModelNotFound
-from spectune.engine.config import METHODS, EngineConfig
+from spectune.engine.config import ATTENTION, METHODS, EngineConfig
 from spectune.engine.model import UnsupportedArchitecture
 from spectune.engine.sequence import InvalidRequest, SamplingParams
 from spectune.engine.zoo.registry import SIZES, cache_dir, resolve_model
@@ -76,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-cache-bytes", type=int)
     serve.add_argument("--device")
     serve.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    serve.add_argument(
+        "--attention", choices=ATTENTION, help="auto: Flex in place on CUDA, gather on the CPU"
+    )
+    serve.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="torch.compile the small ops between the matmuls: needs a C/C++ compiler",
+    )
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--admin-token-file", help="file holding the admin bearer token (a Secret)")

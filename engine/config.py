@@ -34,7 +34,7 @@ class EngineConfig:
     # "gather" into a new tensor for SDPA; auto: flex on CUDA (0.2-0.7x the gather's time on
     # an H200), gather on the CPU (eager FlexAttention there is a slow reference).
     attention: str = "auto"
-    compile: bool = False  # CUDA: torch.compile the small ops between the matmuls
+    compile: bool = False  # torch.compile the small ops between the matmuls (C++ on the CPU)
     ngram_min: int = 1
     ngram_max: int = 3
     min_acceptance: float = MIN_ACCEPTANCE  # a sequence below this recent acceptance pauses

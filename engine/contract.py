@@ -45,6 +45,9 @@ ITERATIONS = "spectune_iterations_total"  # counter, labels mode, explored
 # Iterations that raised (their requests failed): a few in a row make the engine unready and
 # fail its liveness probe (engine/serving/health.py).
 ITERATION_FAILURES = "spectune_iteration_failures_total"  # counter
+# Seconds from the server's start to Ready: loading the weights and the warm-up (compiles and
+# graph captures included). A gauge, set once.
+STARTUP_SECONDS = "spectune_engine_startup_seconds"
 SPEC_DRAFTS = "spectune_spec_drafts_total"  # counter
 SPEC_DRAFT_TOKENS = "spectune_spec_draft_tokens_total"  # counter
 SPEC_ACCEPTED_TOKENS = "spectune_spec_accepted_tokens_total"  # counter
@@ -63,7 +66,7 @@ ALL_METRICS = (
     E2E_REQUEST_LATENCY,
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, ADMITTED_CONCURRENCY,
     STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, DRAFT_PREFILL_SECONDS,
-    DRAFT_CATCHUP_SECONDS, ITERATIONS, ITERATION_FAILURES,
+    DRAFT_CATCHUP_SECONDS, ITERATIONS, ITERATION_FAILURES, STARTUP_SECONDS,
     SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_THRESHOLD, SPEC_EXPLORATION_RATIO,
     ENGINE_INFO, SIMULATED_OVERRUNS,
 )  # fmt: skip

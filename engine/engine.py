@@ -151,14 +151,17 @@ class LLMEngine:
         return CPU_KV_BYTES
 
     def _runner(self, ckpt: Checkpoint) -> ModelRunner:
+        in_place = self.config.attention == "flex" or (
+            self.config.attention == "auto" and self.device.type == "cuda"
+        )
         return ModelRunner(
             ckpt.model,
             self.num_blocks,
             self.config.block_size,
             self.max_model_len,
             self.config.cuda_graphs,
-            in_place_attention=self.config.attention == "flex"
-            or (self.config.attention == "auto" and self.device.type == "cuda"),
+            static_shapes=in_place,  # Flex reads the cache in place in the padded shapes only
+            in_place_attention=in_place,
             compile_layers=self.config.compile,
         )
 

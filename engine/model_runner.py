@@ -143,12 +143,14 @@ class ModelRunner:
         """cuda_graphs: on CUDA, replay a graph per padded shape. static_shapes: run those
         padded shapes eagerly on any device (how the CPU tests prove them lossless).
         in_place_attention: those shapes read the KV cache in place through FlexAttention
-        (paged_in_place); wider ones (prefills) always gather. compile_layers: on CUDA,
-        fuse each decoder layer's small ops (see _compile_layers)."""
+        (paged_in_place); wider ones (prefills) always gather. compile_layers: fuse each
+        decoder layer's small ops (see _compile_layers); on the CPU Inductor builds them as C++
+        kernels, which needs a compiler (Flex stays eager there: torch 2.15's C++ template for
+        it does not compile our block masks)."""
         self.model = model
         if model.embed_tokens.weight.device.type == "cpu":
             _column_major_linears(model)
-        elif compile_layers:
+        if compile_layers:
             _compile_layers(model)
         cfg = model.config
         weight = model.embed_tokens.weight

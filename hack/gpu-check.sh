@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On a CUDA machine (the device tool): build nothing, run the CUDA tests, the roofline check of
+# On a CUDA machine (the device tool): build nothing; serve one streamed chat completion with the
+# default settings (serve-smoke), run the CUDA tests, the roofline check of
 # the simulated SKUs (8B/1B shapes), where the plain step's time goes (step_profile), paged
 # attention in place against today's gather (attention_bench), then the engine benchmark and
 # real batch sweeps of the tiny pair, and print a short table. Needs the tiny pair and the
@@ -10,7 +11,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=(pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   typing_extensions==4.16.0 kubernetes==37.0.2 durationpy==0.11 oauthlib==4.0.1
-  requests-oauthlib==2.0.0 websocket-client==1.9.2 aiohttp-retry==2.9.1)
+  requests-oauthlib==2.0.0 websocket-client==1.9.2 aiohttp-retry==2.9.1
+  # the server and the official client, for serve-smoke
+  fastapi==0.165.0 starlette==1.10.0 annotated-doc==0.0.7 opentelemetry-api==1.45.3
+  uvicorn==0.55.0 click==8.5.1 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 idna==3.21
+  prometheus_client==0.26.0 httpx==0.29.0 httpcore==1.0.9 certifi==2026.10.19.post1
+  openai==3.63.0 jiter==0.19.0 httpx2==2.17.0 httpcore2==2.17.0 truststore==0.10.5)
 if [[ "${1:-}" == --wheels ]]; then
   exec python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
@@ -43,6 +49,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 "$py" -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
 command -v gcc cc || echo "no C compiler (torch.compile's Triton launcher needs one)"
+# First: what a user's first GPU pod does, the server with the default settings and one
+# streamed chat completion through the openai client (startup to Ready, first request).
+step serve-smoke 660 "$py" benchmarks/serve_smoke.py --device cuda --json "$out/serve-smoke.json"
 batches=${BATCHES:-1,4,16,64,128,256}  # each shape compiles FlexAttention once (~3 s on the H200's host)
 step roofline 100 "$py" benchmarks/roofline_check.py --sku H200 --batches $batches \
   --json "$out/roofline.json"

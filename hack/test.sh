@@ -7,7 +7,9 @@
 #   namespaces);
 # - beside both, at nice 10, every test that needs neither the cluster nor a Go-built tool, so
 #   that the engines behind the cluster's pods keep their modelled clocks;
-# - then the cluster's restart test alone (it takes the cluster down and up).
+# - then the cluster's restart test alone (it takes the cluster down and up);
+# - then the image tests (marker `images`): both images built with podman (hack/images.sh) and
+#   run, the operator's against the cluster; alone, since a build takes both cores.
 # The cluster comes up first when a lane needs it and is not up (and goes down at the end), so
 # that the lanes share it. Arguments go to every pytest run. The wiring lane prints as it runs,
 # the others' output follows; the exit status is non-zero when a lane failed (a lane that
@@ -17,7 +19,7 @@ cd "$(dirname "$0")/.."
 pytest=.venv/bin/pytest
 out="$(mktemp -d -t spectune-test.XXXXXX)"
 trap 'rm -rf "$out"' EXIT
-cluster_tests=(-m "cluster or tools")
+cluster_tests=(-m "(cluster or tools) and not images")
 
 needs_cluster() {
   (($# == 0)) || "$pytest" -p no:cacheprovider -q --collect-only -m cluster "$@" >/dev/null 2>&1
@@ -34,7 +36,8 @@ if needs_cluster "$@" && ! hack/cluster.sh status >/dev/null 2>&1; then
 fi
 
 echo "test: lanes at once: wiring (below), autotune and, at nice 10, the tests that need no cluster (their output follows)"
-nice -n 10 "$pytest" -p no:cacheprovider -m "not cluster and not tools" "$@" >"$out/beside" 2>&1 &
+nice -n 10 "$pytest" -p no:cacheprovider -m "not cluster and not tools and not images" "$@" \
+  >"$out/beside" 2>&1 &
 beside=$!
 "$pytest" -p no:cacheprovider "${cluster_tests[@]}" --lane autotune "$@" >"$out/autotune" 2>&1 &
 autotune=$!
@@ -54,6 +57,10 @@ echo
 echo "=== the restart lane, after the others ==="
 "$pytest" -p no:cacheprovider "${cluster_tests[@]}" --lane restart "$@"
 status+=(restart $?)
+echo
+echo "=== the image tests, last ==="
+"$pytest" -p no:cacheprovider -m images "$@"
+status+=(images $?)
 ((started)) && hack/cluster.sh down >/dev/null
 
 echo

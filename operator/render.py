@@ -45,10 +45,19 @@ POD_SECURITY = {
 }
 CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
     "runAsNonRoot": True,
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# Where the engine writes, with a read-only root: /tmp (its HOME: Inductor's and Triton's
+# compile caches), /cache (the image's SPECTUNE_CACHE: built-in models) and /dev/shm (a
+# container runtime's default is 64 MiB). Defaults: a template may resize or replace them.
+SCRATCH_VOLUMES = (
+    ("tmp", "/tmp", {}),
+    ("cache", "/cache", {}),
+    ("shm", "/dev/shm", {"medium": "Memory"}),
+)
 # A strategic merge patch's merge keys for the lists a pod template fragment can hold; other
 # lists (tolerations, envFrom) are replaced whole.
 MERGE_KEYS = {
@@ -238,16 +247,19 @@ def deployment(
 
 
 def _pod_defaults(spec: SpecDeploymentSpec) -> dict[str, Any]:
-    """What a template may change: security contexts, resources, node selection."""
+    """What a template may change: security contexts, resources, node selection, scratch
+    volumes."""
     container = {
         "name": "engine",
         "securityContext": CONTAINER_SECURITY,
         "resources": _resources(spec.engine.resources.requests, spec.engine.resources.limits),
+        "volumeMounts": [{"name": name, "mountPath": path} for name, path, _ in SCRATCH_VOLUMES],
     }
     pod: dict[str, Any] = {
         "containers": [container],
         "securityContext": POD_SECURITY,
         "terminationGracePeriodSeconds": 60,
+        "volumes": [{"name": name, "emptyDir": source} for name, _, source in SCRATCH_VOLUMES],
     }
     if spec.engine.nodeSelector:
         pod["nodeSelector"] = dict(spec.engine.nodeSelector)

@@ -1,5 +1,6 @@
-"""Fixtures every suite may use: the project's own tiny model pair and the local cluster. The
-markers plugin fails collection when a test that uses the cluster or helm lacks its marker."""
+"""Fixtures every suite may use: the project's own tiny model pair, the local cluster and the
+images. The markers plugin fails collection when a test that uses the cluster, helm or the
+images lacks its marker."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.cluster.support import (
     require_cluster_tools,
     run_visible,
 )
+from tests.support.containers import IMAGES, image
 
 pytest_plugins = ["pytester", "tests.support.markers", "tests.support.lanes"]
 
@@ -45,3 +47,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield read_cluster_env()
     finally:
         run_visible(request, [str(REPO / "hack" / "cluster.sh"), "down"])
+
+
+@pytest.fixture(scope="session")
+def images(request: pytest.FixtureRequest) -> dict[str, str]:
+    """name -> tag of the two images, built as `make images` builds them (hack/images.sh:
+    podman, FROM a Debian made from Debian's packages). Cached layers make it seconds; a cold
+    build downloads the engine's CUDA wheels, minutes. Where podman cannot be installed or run
+    the tests fail, saying why: they do not skip."""
+    run_visible(request, [str(REPO / "hack" / "images.sh")], "images")
+    return {name: image(name) for name in IMAGES}

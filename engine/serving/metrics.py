@@ -90,6 +90,9 @@ class EngineMetrics:
             _name(c.ITERATION_FAILURES), "Iterations that raised (their requests failed)",
             registry=r,
         )  # fmt: skip
+        self.startup_seconds = Gauge(
+            c.STARTUP_SECONDS, "Seconds from the server's start to Ready", registry=r
+        )
         self.drafts = Counter(_name(c.SPEC_DRAFTS), "Sequences drafted for", registry=r)
         self.draft_tokens = Counter(_name(c.SPEC_DRAFT_TOKENS), "Drafted tokens", registry=r)
         self.accepted = Counter(

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -152,6 +153,17 @@ class TokenFirst(APIRoute):
         return guarded
 
 
+def _process_age() -> float:
+    """Seconds since this process started (Linux's /proc; 0 elsewhere), so that the startup
+    time counts Python's imports too (torch's take seconds)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class Server:
     """Owns the engine loop for the app's lifetime; routes call into it."""
 
@@ -162,6 +174,7 @@ class Server:
         self.ready = False
         self.failure: Exception | None = None
         self.started = int(time.time())
+        self.began = time.monotonic() - _process_age()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -178,6 +191,8 @@ class Server:
             kv_cache_bytes=s.kv_cache_bytes,
             device=s.device,
             dtype=s.dtype,
+            attention=s.attention,
+            compile=s.compile,
             seed=s.seed,
             simulate_device=s.simulate_device,
             simulate_time_scale=s.simulate_time_scale,
@@ -226,9 +241,12 @@ class Server:
             health=Health(hang_seconds=self.settings.hang_timeout_s),
         )
         self.loop.start(asyncio.get_running_loop())
+        startup = time.monotonic() - self.began
+        metrics.startup_seconds.set(startup)
         self.ready = True
         log.info(
-            "ready: model=%s draft=%s method=%s device=%s admitted_concurrency=%d",
+            "ready in %.1f s: model=%s draft=%s method=%s device=%s admitted_concurrency=%d",
+            startup,
             self.settings.model,
             self.settings.draft,
             engine.config.method,

@@ -123,6 +123,12 @@ class ServeSettings(BaseModel):
     # The order of operator/models.py: typing caches equal Literals, and the first one made
     # decides the order in the generated CRD.
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    # How graphed decode shapes read the paged KV cache (engine/config.py): auto is Flex in
+    # place on CUDA, the gather on the CPU.
+    attention: Literal["auto", "flex", "gather"] = "auto"
+    # torch.compile the small ops between the matmuls (CUDA always compiles Flex): Inductor
+    # builds C++ kernels on the CPU, Triton ones on CUDA, with the compiler the image carries.
+    compile: bool = False
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     admin_token_file: Path | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from kubernetes import client
 from spectune.operator.launch import OperatorProcess, launch
 from tests.cluster.support import Cluster, sa_kubeconfig
 from tests.operator.support import kubectl
+from tests.support.containers import podman_env, run_command
 
 from .support import CHART, helm
 
@@ -87,10 +89,12 @@ def installed(
 
 @contextlib.contextmanager
 def charts_operator(
-    cluster: Cluster, release: Release, ports: tuple[int, int]
+    cluster: Cluster, release: Release, ports: tuple[int, int], image: str | None = None
 ) -> Iterator[OperatorProcess]:
     """The release's operator: its Deployment's container args as its ServiceAccount, liveness
-    and metrics on the loopback `ports` instead of the pod's 0.0.0.0 (later flags win)."""
+    and metrics on the loopback `ports` instead of the pod's 0.0.0.0 (later flags win). With
+    `image`, in the operator image as the chart runs it (podman: the image's user, a read-only
+    root, /tmp its one writable volume), its container named `release.fullname`."""
     with cluster.api() as admin:
         deployment = client.AppsV1Api(admin).read_namespaced_deployment(
             release.fullname, release.namespace
@@ -105,7 +109,23 @@ def charts_operator(
         f"--liveness=http://127.0.0.1:{health}/healthz",
         f"--metrics-address=127.0.0.1:{metrics_port}",
     ]
-    operator = launch(kubeconfig, args, release.tmp / "operator.log", env={"PATH": "/usr/bin:/bin"})
+    log = release.tmp / "operator.log"
+    if image is None:
+        operator = launch(kubeconfig, args, log, env={"PATH": "/usr/bin:/bin"})
+    else:
+        kubeconfig.chmod(0o644)  # the image's user reads it, as a pod reads its token
+        mounted = "/var/run/spectune/kubeconfig"
+        command = run_command(
+            image,
+            args,
+            name=release.fullname,
+            read_only={kubeconfig: mounted},
+            env={"KUBECONFIG": mounted},
+        )
+        process = subprocess.Popen(
+            command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=podman_env()
+        )
+        operator = OperatorProcess(process, log)
     try:
         yield operator
     finally:

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from spectune.operator.launch import OperatorProcess
 from tests.cluster.support import REPO, Cluster
 from tests.operator.support import (
     assert_engines_serve,
@@ -33,6 +34,7 @@ from tests.operator.support import (
     kubectl,
     ready_pods,
 )
+from tests.support.containers import user_and_root
 from tests.support.ports import free_ports
 from tests.support.waiting import wait_until
 
@@ -95,10 +97,41 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
     """The Deployment's own args and ServiceAccount (kwok runs no containers): the operator
     takes the release's Lease with the chart's Role; the example becomes Ready (two engines
     on its H100 nodes, serving the model with its draft at its threshold), and the operator's
-    metrics endpoint reports it. The one test that brings examples/specdeployment.yaml up."""
+    metrics endpoint reports it. The one test that brings examples/specdeployment.yaml up
+    outside the operator image."""
+    operator = reconciles_the_example(cluster, release)
+    identity = f"{socket.gethostname()}-{operator.process.pid}"
+    assert f"leading: took the Lease as {identity}" in operator.log.read_text()
+
+
+@pytest.mark.images
+def test_the_operator_image_as_the_charts_service_account_reconciles_the_example(
+    cluster: Cluster, release: Release, images: dict[str, str]
+) -> None:
+    """The same, with the operator in its image as the chart runs it: user 10001, a read-only
+    root."""
+    seen: dict[str, tuple[str, str]] = {}
+
+    def user_and_root_of(operator: OperatorProcess) -> None:
+        seen["container"] = user_and_root(release.fullname)
+
+    reconciles_the_example(cluster, release, images["operator"], user_and_root_of)
+    assert seen["container"][0] == "10001"
+    assert "Read-only file system" in seen["container"][1], seen
+
+
+def reconciles_the_example(
+    cluster: Cluster,
+    release: Release,
+    image: str | None = None,
+    meanwhile: Callable[[OperatorProcess], None] = lambda operator: None,
+) -> OperatorProcess:
+    """The release's operator (in `image` if given) brings the example to Ready; it holds the
+    release's Lease under the identity it logged; `meanwhile` sees it running. Returns it,
+    stopped."""
     ns, watched, fullname = release.namespace, release.watched, release.fullname
     health, metrics_port = ports = free_ports(2)
-    with cluster.api() as admin, charts_operator(cluster, release, ports) as operator:
+    with cluster.api() as admin, charts_operator(cluster, release, ports, image) as operator:
         log = operator.log
         try:
             kubectl(cluster, "apply", "-n", watched, "-f", str(EXAMPLE))
@@ -130,9 +163,12 @@ def test_operator_as_the_charts_service_account_reconciles_the_example(
             assert samples["spectune_operator_threshold", ""].value == 8  # the example's value
             assert "forbidden" not in log.read_text().lower()
             lease = client.CoordinationV1Api(admin).read_namespaced_lease(fullname, ns)
-            assert lease.spec.holder_identity == f"{socket.gethostname()}-{operator.process.pid}"
+            took = f"leading: took the Lease as {lease.spec.holder_identity}"
+            assert took in log.read_text()
+            meanwhile(operator)
         finally:
             kubectl(cluster, "delete", "-n", watched, "-f", str(EXAMPLE), "--wait=false")
+    return operator
 
 
 def test_upgrade_updates_a_changed_crd(cluster: Cluster, release) -> None:

@@ -78,17 +78,17 @@ def cluster_sh(
     )  # fmt: skip
 
 
-def run_visible(request: pytest.FixtureRequest, cmd: list[str]) -> float:
+def run_visible(request: pytest.FixtureRequest, cmd: list[str], label: str = "cluster") -> float:
     """Run a command with its output on the terminal even under pytest's capture, returning
     the seconds it took: a cold build prints progress for many minutes, and a silent test run
     would look hung."""
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
-        print(f"\n[cluster] $ {' '.join(cmd)}", flush=True)
+        print(f"\n[{label}] $ {' '.join(cmd)}", flush=True)
         t0 = time.monotonic()
         subprocess.run(cmd, cwd=REPO, check=True, stdout=sys.stdout, stderr=sys.stderr)
         seconds = time.monotonic() - t0
-        print(f"[cluster] took {seconds:.1f} s", flush=True)
+        print(f"[{label}] took {seconds:.1f} s", flush=True)
     return seconds
 
 

@@ -32,6 +32,10 @@ def test_saved_checkpoint_loads_in_transformers(tmp_path: Path) -> None:
     cfg = ModelConfig(257, 64, 96, 2, 4, 2, 16, 128)
     ours = Transformer(cfg).eval()
     save_checkpoint(ours, byte_tokenizer(), tmp_path, EOS_ID)
+    # every file readable by others, as the umask allows: an image's user reads a volume
+    assert {f.name: f.stat().st_mode & 0o777 for f in tmp_path.iterdir()} == dict.fromkeys(
+        ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"), 0o644
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     ids = torch.randint(0, 257, (1, 30))
     with torch.no_grad():

@@ -253,7 +253,7 @@ def test_weights_from_volumes_are_mounted_read_only_and_read_there() -> None:
 
 def test_weights_in_the_image_take_no_volume_and_no_argument() -> None:
     pod = pod_of(SPEC)["spec"]
-    assert {v["name"] for v in pod["volumes"]} == {"config", "admin-token"}
+    assert {v["name"] for v in pod["volumes"]} == {"tmp", "cache", "shm", "config", "admin-token"}
     assert "--model" not in pod["containers"][0]["args"]
     assert render.engine_config(SPEC, 12, 2)["model"] == "tiny-target"
 
@@ -286,6 +286,19 @@ def test_the_default_pod_meets_pod_security_restricted() -> None:
     assert security["capabilities"] == {"drop": ["ALL"]}
     allowed = {"configMap", "secret", "persistentVolumeClaim", "emptyDir", "projected"}
     assert all(set(v) - {"name"} <= allowed for v in pod["volumes"])
+
+
+def test_the_engine_runs_on_a_read_only_root_and_writes_to_empty_dirs() -> None:
+    """What the engine image writes (its HOME /tmp with the compile caches, /cache, /dev/shm)
+    is an emptyDir each; the rest of the root filesystem is read-only."""
+    pod = pod_of(CLAIMED)["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    for path in ("/tmp", "/cache", "/dev/shm"):
+        assert "emptyDir" in volumes[mounts[path]], path
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
 
 
 TEMPLATE = {
@@ -326,10 +339,14 @@ def test_a_template_is_merged_into_the_pod_and_the_defaults_it_does_not_name_sta
     assert p["serviceAccountName"] == "engines" and p["runtimeClassName"] == "nvidia"
     assert p["imagePullSecrets"] == [{"name": "regcred"}]
     assert p["securityContext"] == {**render.POD_SECURITY, "fsGroup": 2000}
-    assert [v["name"] for v in p["volumes"]] == ["shm", "config", "admin-token"]
+    # the template's shm (the same name as the default's) replaces it
+    assert [v["name"] for v in p["volumes"]] == ["tmp", "cache", "shm", "config", "admin-token"]
+    assert p["volumes"][2] == {"name": "shm", "emptyDir": {"medium": "Memory"}}
     (container,) = p["containers"]
     assert container["env"] == [{"name": "HF_HUB_OFFLINE", "value": "1"}]
     assert {m["mountPath"] for m in container["volumeMounts"]} == {
+        "/tmp",
+        "/cache",
         "/dev/shm",
         "/etc/spectune",
         "/var/run/spectune",

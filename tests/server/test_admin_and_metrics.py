@@ -65,6 +65,13 @@ def test_every_contract_metric_is_exposed(server: Served) -> None:
     }
 
 
+def test_the_startup_time_is_a_gauge_and_a_log_line(server: Served) -> None:
+    """From the server's start to Ready: loading and the warm-up, a few seconds on the CPU."""
+    seconds = total(parse(server.get("/metrics").text), contract.STARTUP_SECONDS)
+    assert 0 < seconds < 600
+    assert f"ready in {seconds:.1f} s: model=tiny-target" in server.log.read_text()
+
+
 def test_admin_get_reports_settings_and_counts(server: Served) -> None:
     state = server.get("/admin/speculation").json()
     assert {"k", "threshold", "hysteresis", "exploration", "method", "running", "waiting"} <= set(

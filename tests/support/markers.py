@@ -1,8 +1,9 @@
 """A pytest plugin: a test's markers say what it needs, and collection fails when they do not.
 
-`make check` runs `pytest -m "not cluster and not tools and not slow"`; that is only safe if
-every test that starts the local cluster is marked `cluster` and every test that runs a
-Go-built tool (helm, Prometheus) is marked `tools`. The fixtures are what bring those in, so
+`make check` runs `pytest -m "not cluster and not tools and not slow and not images"`; that is
+only safe if every test that starts the local cluster is marked `cluster`, every test that runs
+a Go-built tool (helm, Prometheus) is marked `tools` and every test that builds the images is
+marked `images`. The fixtures are what bring those in, so
 the fixtures a test uses (its whole fixture closure) decide the markers it must carry."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ NEEDS = {
     "cluster": ("cluster",),
     "helm_binary": ("tools", "cluster"),
     "prometheus_binary": ("tools", "cluster"),
+    "images": ("images",),
 }
 
 
