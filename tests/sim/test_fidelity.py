@@ -88,8 +88,12 @@ def test_plain_steps_cost_what_the_engine_charges(tiny_pair) -> None:
         (8, 4, 0.0, True),
         (3, 1, 0.0, True),
         # Every drafting step pauses its sequence (its acceptance estimate stays below 1):
-        # sequences admitted together spend most steps all paused, with no draft forward.
-        (8, 4, 1.0, True),
+        # sequences admitted together spend most steps all paused, with no draft forward. In
+        # the tail, which steps a lone sequence drafts depends on its own run of acceptances,
+        # which iid acceptance does not reproduce (the tiny pair trained on a fresh machine:
+        # batch 1 cost 75.6 ms real, 83.1 simulated): only the full batch is compared; the
+        # replayed test below holds every bucket equal.
+        (8, 4, 1.0, False),
         # Pausing at a floor of 0.2 (the engine's before f329268): in the tail, whether the
         # few sequences left are all paused decides a step's cost (67 or 108 ms on the L4), and
         # iid acceptance pauses less often than real text's runs of rejections (up to 18%
