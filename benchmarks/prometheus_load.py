@@ -246,6 +246,7 @@ def engine_series(page: Page, pod: Pod) -> None:
     gauge(c.KV_CACHE_USAGE, SWING, min(0.95, running / sku.admitted), pod.phase)
     gauge(c.ADMITTED_CONCURRENCY, CONSTANT, f"{sku.admitted}.0")
     gauge(c.STARTUP_SECONDS, CONSTANT, "42.0")
+    gauge(c.FIXED_SHAPES, CONSTANT, "0.0")  # a CPU engine's: nothing built ahead
     for (mode, b), (rate, seconds) in steps.items():
         own = labels(mode=mode, batch=b)
         page.histogram(c.STEP_SECONDS, own, rate, seconds, 0.2, c.STEP_BUCKETS)

@@ -48,6 +48,9 @@ ITERATION_FAILURES = "spectune_iteration_failures_total"  # counter
 # Seconds from the server's start to Ready: loading the weights and the warm-up (compiles and
 # graph captures included). A gauge, set once.
 STARTUP_SECONDS = "spectune_engine_startup_seconds"
+# Fixed shapes built (CUDA graphs on CUDA): the warm-up builds every batch bucket's before
+# Ready, so a rise after Ready is a shape some request waited for.
+FIXED_SHAPES = "spectune_engine_fixed_shapes"  # gauge
 SPEC_DRAFTS = "spectune_spec_drafts_total"  # counter
 SPEC_DRAFT_TOKENS = "spectune_spec_draft_tokens_total"  # counter
 SPEC_ACCEPTED_TOKENS = "spectune_spec_accepted_tokens_total"  # counter
@@ -66,7 +69,7 @@ ALL_METRICS = (
     E2E_REQUEST_LATENCY,
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, ADMITTED_CONCURRENCY,
     STEP_SECONDS, STEP_OUTPUT_TOKENS, DRAFT_SECONDS, DRAFT_PREFILL_SECONDS,
-    DRAFT_CATCHUP_SECONDS, ITERATIONS, ITERATION_FAILURES, STARTUP_SECONDS,
+    DRAFT_CATCHUP_SECONDS, ITERATIONS, ITERATION_FAILURES, STARTUP_SECONDS, FIXED_SHAPES,
     SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_THRESHOLD, SPEC_EXPLORATION_RATIO,
     ENGINE_INFO, SIMULATED_OVERRUNS,
 )  # fmt: skip

@@ -22,14 +22,16 @@ from spectune.engine.config import EngineConfig, InvalidConfig
 from spectune.engine.contract import gpu_product
 from spectune.engine.draft_lag import CatchUp
 from spectune.engine.drafting import ModelDrafter, NgramDrafter
-from spectune.engine.gate import Decision, SpeculationGate
-from spectune.engine.model_runner import Feed, ModelRunner
+from spectune.engine.gate import Decision, GateSettings, SpeculationGate
+from spectune.engine.model_runner import Feed, ModelRunner, draft_shapes, target_shapes
 from spectune.engine.sampling import accept_greedy, accept_sampled, choose_tokens, probabilities
 from spectune.engine.scheduler import Scheduler
 from spectune.engine.sequence import InvalidRequest, SamplingParams, Sequence
 from spectune.engine.simulated_device import SimulatedDevice
 
 CPU_KV_BYTES = 512 << 20
+# Prompts of a few lengths for the warm-up: prefills of different widths, decodes of one.
+WARM_UP_PROMPTS = ("warm up", "def main():\n    return 0", "import os", "x" * 40)
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,46 @@ class LLMEngine:
             in_place_attention=in_place,
             compile_layers=self.config.compile,
         )
+
+    # --- warm-up ------------------------------------------------------------------
+
+    def warm_up(self, fixed_shapes: bool | None = None) -> int:
+        """Build now what the first requests would otherwise wait for; returns the fixed shapes
+        built. With `fixed_shapes` (default: when the runners capture CUDA graphs, where each
+        shape is a capture and Flex kernels to compile), every fixed shape of every batch
+        bucket up to max_batch_size at today's k (a k changed at run time builds its verifies
+        when first used); on the CPU a fixed shape runs eagerly, and its first use costs no
+        more than any other. Then short generations at batch 1 and 4, speculating and plain,
+        for what runs eagerly: prefills, and the compiled small ops, which torch.compile
+        specialises for sizes 1 and above."""
+        built, batch = 0, self.config.max_batch_size
+        if self.runner.static_shapes and (
+            self.runner.use_graphs if fixed_shapes is None else fixed_shapes
+        ):
+            built = self.runner.build(target_shapes(batch, self.k if self.drafter else 0))
+            if isinstance(self.drafter, ModelDrafter):
+                built += self.drafter.runner.build(draft_shapes(batch, self.k))
+        params = SamplingParams(max_tokens=8, ignore_eos=True)
+        gate = self.gate
+        try:
+            for threshold in (None, 0) if self.drafter else (0,):
+                self.gate = SpeculationGate(GateSettings(threshold=threshold), self._rng)
+                self.generate(WARM_UP_PROMPTS[:1], params)
+                self.generate(WARM_UP_PROMPTS, params)
+        finally:
+            self.gate = gate
+        if self.simulation:
+            self.simulation.forget_overruns()  # the first forwards run cold by design
+        return built
+
+    @property
+    def fixed_shapes(self) -> int:
+        """Fixed shapes built so far, target and draft: after warm_up, a rise means a request
+        waited for one (a k changed at run time, or a shape the warm-up missed)."""
+        runners = [self.runner]
+        if isinstance(self.drafter, ModelDrafter):
+            runners.append(self.drafter.runner)
+        return sum(len(r.shapes) for r in runners)
 
     # --- requests -----------------------------------------------------------------
 

@@ -10,7 +10,9 @@ at batch 1 an eager verify cost 2x a graphed plain step on an H200, all of it la
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,8 @@ from spectune.engine.model import PagedBatch, Transformer, rotary_split, swiglu
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MAX_STATIC_WIDTH = 9  # tokens per sequence in a graphed forward: a verify at k up to 8
+
+log = logging.getLogger("spectune.engine")
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,19 @@ class ModelRunner:
                 self.on_forward([Feed([0], f.start + len(f.tokens) - 1 + n, []) for f in feeds])
         return tokens
 
+    def build(self, keys: Iterable[tuple]) -> int:
+        """Build, and run once on pad rows alone, each shape of `keys` not built yet: on CUDA
+        each captures its graph and compiles its Flex kernels, on the CPU the compiled small
+        ops see its sizes. Returns how many were new; logs progress every 10 s."""
+        todo = [key for key in dict.fromkeys(keys) if key not in self._statics]
+        start = shown = time.monotonic()
+        for n, key in enumerate(todo, 1):
+            self._build(key).run()  # zero inputs: pad rows, writing only to scratch block 0
+            if time.monotonic() - shown > 10:
+                shown = time.monotonic()
+                log.info("built %d of %d fixed shapes in %.0f s", n, len(todo), shown - start)
+        return len(todo)
+
     def _fits_static(self, feeds: list[Feed], longest: int) -> bool:
         return (
             self.static_shapes
@@ -332,6 +349,40 @@ class ModelRunner:
 
         self._statics[key] = _Static(inputs, replay)
         return self._statics[key]
+
+
+def target_shapes(max_batch_size: int, k: int) -> list[tuple]:
+    """The fixed shapes a target serves with at batches up to `max_batch_size`: forwards of up
+    to MAX_STATIC_WIDTH tokens (plain steps, and prefills of prompts that short) and, when it
+    verifies (k > 0), verifies of 1 to k + 1 tokens, since a sequence near its end drafts
+    fewer. Largest batch first: on CUDA the smaller graphs then reuse the largest's memory."""
+    widths = range(1, min(k + 1, MAX_STATIC_WIDTH) + 1) if k else ()
+    return [
+        key
+        for size in _buckets_up_to(max_batch_size)
+        for key in _forwards(size) + [("forward", size, w, True) for w in widths]
+    ]
+
+
+def draft_shapes(max_batch_size: int, k: int) -> list[tuple]:
+    """A draft model's: forwards of up to MAX_STATIC_WIDTH tokens (catch-ups of what plain
+    iterations committed; a proposal's first forward reads one or two, each next one one) and
+    greedy chains of 1 to k steps after a first forward of one or two tokens."""
+    return [
+        key
+        for size in _buckets_up_to(max_batch_size)
+        for key in _forwards(size)
+        + [("chain", size, w, n) for w in (1, 2) for n in range(1, k + 1)]
+    ]
+
+
+def _forwards(size: int) -> list[tuple]:
+    return [("forward", size, w, False) for w in range(1, MAX_STATIC_WIDTH + 1)]
+
+
+def _buckets_up_to(batch: int) -> list[int]:
+    top = _bucket(min(batch, GRAPH_BATCH_SIZES[-1]))
+    return [s for s in reversed(GRAPH_BATCH_SIZES) if s <= top]
 
 
 def _bucket(batch: int) -> int:

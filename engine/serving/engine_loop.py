@@ -284,6 +284,7 @@ class EngineLoop:
             self.engine.kv_usage,
             self.engine.admitted_concurrency,
         )
+        self.metrics.fixed_shapes.set(self.engine.fixed_shapes)
         if self.engine.simulation is not None:
             self.metrics.count_overruns(self.engine.simulation.overruns)
 

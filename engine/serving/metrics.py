@@ -93,6 +93,9 @@ class EngineMetrics:
         self.startup_seconds = Gauge(
             c.STARTUP_SECONDS, "Seconds from the server's start to Ready", registry=r
         )
+        self.fixed_shapes = Gauge(
+            c.FIXED_SHAPES, "Fixed shapes built (CUDA graphs on CUDA), warm-up included", registry=r
+        )
         self.drafts = Counter(_name(c.SPEC_DRAFTS), "Sequences drafted for", registry=r)
         self.draft_tokens = Counter(_name(c.SPEC_DRAFT_TOKENS), "Drafted tokens", registry=r)
         self.accepted = Counter(

@@ -214,13 +214,9 @@ class Server:
     async def startup(self) -> None:
         config = self.engine_config()
         engine = await on_torch_thread(lambda: LLMEngine(config, resolve_model=resolve_model))
-        # A few sequences of different lengths, so that the first requests do not pay for
-        # the first batched prefill and decode shapes (a simulated SKU would count overruns).
-        warm_up = SamplingParams(max_tokens=8, ignore_eos=True)
-        prompts = ["warm up", "def main():\n    return 0", "import os", "x" * 40]
-        await on_torch_thread(lambda: engine.generate(prompts, warm_up))
-        if engine.simulation:
-            engine.simulation.forget_overruns()
+        warmed = time.monotonic()
+        built = await on_torch_thread(engine.warm_up)  # Ready means warm
+        log.info("warmed up in %.1f s: %d fixed shapes", time.monotonic() - warmed, built)
         device = engine.device_label
         metrics = EngineMetrics(
             {
