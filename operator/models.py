@@ -125,6 +125,34 @@ def _free_list(description: str, max_items: int = 64, key: str | None = None) ->
     )
 
 
+class Strategy(Spec):
+    """The engine Deployment's rollout: a Deployment's strategy with rollingUpdate's two
+    fields flattened into it. GPU pods fill in what is unset with maxSurge 0 and
+    maxUnavailable 1: a surge pod would wait for a GPU that a full pool does not have, and the
+    rollout with it; CPU pods leave it to Kubernetes (25% and 25%)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.type == 'RollingUpdate' || !has(self.maxSurge) && "
+                    "!has(self.maxUnavailable)",
+                    "maxSurge and maxUnavailable apply only to type RollingUpdate",
+                )
+            ]
+        },
+    )
+    type: Literal["RollingUpdate", "Recreate"] = "RollingUpdate"
+    maxSurge: int | str | None = Field(
+        None, description="pods above replicas in a rollout, a count or a percentage; GPU pods: 0"
+    )
+    maxUnavailable: int | str | None = Field(
+        None,
+        description="pods below replicas in a rollout, a count or a percentage; GPU pods: 1",
+    )
+
+
 class TemplateContainer(Spec):
     """The engine container's part of a template; the operator's own fields are declared
     only so that a template setting them is refused with the reason, not silently pruned."""
@@ -243,10 +271,18 @@ class EngineSpec(Spec):
     gpus: int = Field(
         0, ge=0, le=1, description="nvidia.com/gpu per pod (the engine uses one device)"
     )
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="the engine container's; cpu and memory neither requested nor limited here "
+        "are requested at 2 and 16Gi with GPUs, 1 and 2Gi without (never BestEffort)",
+    )
     nodeSelector: dict[str, str] = Field(default_factory=dict)
     maxBatchSize: int = Field(64, ge=1, le=4096)
     port: int = Field(8000, ge=1, le=65535)
+    strategy: Strategy = Field(
+        default_factory=Strategy,
+        description="the engine Deployment's rollout; by default one GPU pod at a time",
+    )
     podAnnotations: dict[str, str] = Field(
         default_factory=dict, description="annotations added to the engine pods"
     )

@@ -22,6 +22,7 @@ from spectune.operator.models import (
     GPU_RESOURCE,
     OWN_MOUNT_PATHS,
     OWN_VOLUMES,
+    EngineSpec,
     PodTemplate,
     SpecDeploymentSpec,
 )
@@ -58,6 +59,10 @@ SCRATCH_VOLUMES = (
     ("cache", "/cache", {}),
     ("shm", "/dev/shm", {"medium": "Memory"}),
 )
+# Requests for cpu and memory where spec.engine.resources names neither (so Burstable): a GPU
+# engine's host side (CUDA context, loading the weights, the server) and the CPU engine's.
+GPU_ENGINE_REQUESTS: dict[str, int | str] = {"cpu": "2", "memory": "16Gi"}
+CPU_ENGINE_REQUESTS: dict[str, int | str] = {"cpu": "1", "memory": "2Gi"}
 # A strategic merge patch's merge keys for the lists a pod template fragment can hold; other
 # lists (tolerations, envFrom) are replaced whole.
 MERGE_KEYS = {
@@ -241,9 +246,30 @@ def deployment(
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector(name)},
+            "strategy": _strategy(spec.engine),
             "template": template,
         },
     }
+
+
+def _strategy(engine: EngineSpec) -> dict[str, Any]:
+    """The Deployment's strategy from spec.engine.strategy (models.Strategy says why GPU pods
+    default to one at a time, never one more than replicas)."""
+    strategy = engine.strategy
+    if strategy.type == "Recreate":
+        return {"type": "Recreate"}
+    given = strategy.model_dump(include={"maxSurge", "maxUnavailable"}, exclude_none=True)
+    rolling = ({"maxSurge": 0, "maxUnavailable": 1} if engine.gpus else {}) | given
+    return {"type": "RollingUpdate", **({"rollingUpdate": rolling} if rolling else {})}
+
+
+def _requests(engine: EngineSpec) -> dict[str, int | str]:
+    """spec.engine.resources.requests over a default for each of cpu and memory that is
+    neither requested nor limited there: an engine with no requests would be BestEffort (GPUs
+    do not count for QoS), the first pod evicted, holding gigabytes of weights."""
+    given = engine.resources
+    default = GPU_ENGINE_REQUESTS if engine.gpus else CPU_ENGINE_REQUESTS
+    return {k: v for k, v in default.items() if k not in given.limits} | given.requests
 
 
 def _pod_defaults(spec: SpecDeploymentSpec) -> dict[str, Any]:
@@ -252,7 +278,7 @@ def _pod_defaults(spec: SpecDeploymentSpec) -> dict[str, Any]:
     container = {
         "name": "engine",
         "securityContext": CONTAINER_SECURITY,
-        "resources": _resources(spec.engine.resources.requests, spec.engine.resources.limits),
+        "resources": _resources(_requests(spec.engine), spec.engine.resources.limits),
         "volumeMounts": [{"name": name, "mountPath": path} for name, path, _ in SCRATCH_VOLUMES],
     }
     pod: dict[str, Any] = {
@@ -316,7 +342,10 @@ def _pod_own(
         "resources": _resources(gpus, gpus),
         "readinessProbe": _probe("/readyz", port, 5, 3),
         "livenessProbe": _probe("/healthz", port, 10, 6),
-        "startupProbe": _probe("/healthz", port, 5, 60),
+        # Ready comes after loading the weights and the warm-up (every batch bucket's graphs and
+        # compiles): up to 20 minutes for an 8B model on a GPU before the kubelet restarts it;
+        # liveness starts only then, so a load that hangs is restarted too.
+        "startupProbe": _probe("/readyz", port, 10, 120),
         # A crashed engine's last line (CUDA unusable, weights missing) in the pod's status.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,

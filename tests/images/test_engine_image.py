@@ -5,11 +5,15 @@ compiled attention and small ops too, which needs the C/C++ compiler the image c
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 from openai import OpenAI
 
+from spectune.operator.render import ENGINE_IMAGE
+from tests.cluster.support import REPO
 from tests.server.support import Served, start_server, stop_server
 from tests.support.containers import podman, user_and_root
 
@@ -86,3 +90,21 @@ def test_the_engine_image_serves_with_compiled_attention_and_small_ops(
         assert all(expected) and got == expected
     finally:
         stop_server(inside)
+
+
+def test_the_weights_job_runs_what_the_engine_image_has(images: dict[str, str]) -> None:
+    """examples/download-weights-job.yaml downloads with `hf download` in the chart's engine
+    image, installing nothing at run time: every option it passes is one the image's pinned
+    huggingface_hub knows (huggingface_hub 1.0 removed `huggingface-cli`)."""
+    example = REPO / "examples" / "download-weights-job.yaml"
+    job = next(d for d in yaml.safe_load_all(example.read_text()) if d["kind"] == "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == ENGINE_IMAGE == images["engine"]
+    script = container["args"][0].replace("\\\n", " ")
+    downloads = [line for line in script.splitlines() if line.strip().startswith("hf download")]
+    assert len(downloads) == 2 and "pip" not in script
+    shown = podman("run", "--rm", "--entrypoint", "hf", images["engine"], "download", "--help")
+    assert shown.returncode == 0, shown.stderr
+    for line in downloads:
+        for option in re.findall(r"(--[a-z-]+)", line):
+            assert option in shown.stdout, f"hf download has no {option}"

@@ -55,6 +55,9 @@ def test_deployment_carries_gpus_selector_probes_scrape_annotations_and_mounts()
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8100}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    startup = container["startupProbe"]  # Ready means loaded and warm: liveness waits for it
+    assert startup["httpGet"]["path"] == "/readyz"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60
     assert "--config" in container["args"] and "--admin-token-file" in container["args"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["config"]["configMap"]["name"] == "llm-engine-config"
@@ -65,7 +68,31 @@ def test_cpu_only_spec_has_no_gpu_and_no_node_selector() -> None:
     spec = SpecDeploymentSpec.model_validate({"model": {"name": "tiny-target"}})
     config = render.engine_config(spec, None, 2)
     pod = render.deployment("x", "ns", spec, config)["spec"]["template"]["spec"]
-    assert "nodeSelector" not in pod and pod["containers"][0]["resources"] == {}
+    assert "nodeSelector" not in pod
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}}
+
+
+@pytest.mark.parametrize(
+    ("resources", "requests", "limits"),
+    [
+        ({}, {"cpu": "2", "memory": "16Gi", "nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "1"}),
+        (
+            {"requests": {"cpu": 8}, "limits": {"memory": "8Gi"}},
+            {"cpu": "8", "nvidia.com/gpu": "1"},  # the limit is the memory request (Kubernetes)
+            {"memory": "8Gi", "nvidia.com/gpu": "1"},
+        ),
+    ],
+)
+def test_gpu_engines_request_cpu_and_memory_so_they_are_not_best_effort(
+    resources, requests, limits
+) -> None:
+    """GPUs do not count for QoS: with nvidia.com/gpu alone a pod is BestEffort, evicted first."""
+    spec = SpecDeploymentSpec.model_validate(
+        {"model": {"name": "m"}, "engine": {"gpus": 1, "resources": resources}}
+    )
+    pod = render.deployment("x", "ns", spec, render.engine_config(spec, None, 2))
+    container = pod["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"requests": requests, "limits": limits}
 
 
 def config_hash(spec: SpecDeploymentSpec, threshold: int | None, exploration: int = 2) -> str:
@@ -395,3 +422,29 @@ def test_strategic_merge_merges_named_lists_by_key_and_replaces_others() -> None
         "tolerations": [{"key": "b"}],
         "x": {"y": 1},
     }
+
+
+@pytest.mark.parametrize(
+    ("engine", "strategy"),
+    [
+        (
+            {"gpus": 1},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        ),
+        ({"gpus": 0}, {"type": "RollingUpdate"}),
+        (
+            {"gpus": 1, "strategy": {"maxSurge": 1}},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
+        ),
+        (
+            {"gpus": 0, "strategy": {"maxUnavailable": "50%"}},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "50%"}},
+        ),
+        ({"gpus": 1, "strategy": {"type": "Recreate"}}, {"type": "Recreate"}),
+    ],
+)
+def test_gpu_engines_roll_one_pod_at_a_time_without_a_surge(engine, strategy) -> None:
+    """A surge pod on a full GPU pool waits for a GPU for ever, and the rollout with it."""
+    spec = SpecDeploymentSpec.model_validate({"model": {"name": "m"}, "engine": engine})
+    deployment = render.deployment("x", "ns", spec, render.engine_config(spec, None, 2))
+    assert deployment["spec"]["strategy"] == strategy
