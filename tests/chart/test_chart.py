@@ -313,3 +313,14 @@ def test_the_operator_down_alert_watches_the_job_that_scrapes_the_operator() -> 
     assert chart_job["expr"] == 'absent(up{job="spectune-metrics"} == 1)'
     named = operator_down_alert(sets=("monitoring.prometheusRule.operatorJob=ops/spectune",))
     assert named is not None and named["expr"] == 'absent(up{job="ops/spectune"} == 1)'
+
+
+def test_resources_take_quantities_as_numbers_too(tmp_path: Path) -> None:
+    """A values file's `cpu: 0.5` is a YAML float, `cpu: 2` an integer: both are quantities,
+    as strings are (the schema took integers and strings only)."""
+    values = tmp_path / "values.yaml"
+    resources = {"requests": {"cpu": 0.5, "memory": "256Mi"}, "limits": {"cpu": 2}}
+    values.write_text(yaml.safe_dump({"operator": {"resources": resources}}))
+    rendered = _container(render(values))["resources"]
+    assert rendered["requests"] == resources["requests"]
+    assert rendered["limits"]["cpu"] == 2  # beside the chart's default memory limit
