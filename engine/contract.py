@@ -99,7 +99,9 @@ def own_labels(series: str) -> tuple[str, ...]:
     return METRIC_LABELS.get(series, ())
 
 
-OUTCOMES = ("ok", "error", "rejected", "invalid")  # invalid: refused with a 4xx other than 429
+# invalid: refused with a 4xx other than 429; cancelled: the client went away before the answer
+# (a chat UI's stop button), which no goodput judges; error: the engine failed it.
+OUTCOMES = ("ok", "error", "rejected", "invalid", "cancelled")
 MODES = ("spec", "plain")
 
 # About sqrt(2) apart so the crossover is located to within one bucket.

@@ -63,8 +63,9 @@ class Traffic:
     @property
     def judged_requests(self) -> float | None:
         """Requests the engines answered or refused: not those a client abandoned (outcome
-        error, with engine failures) or sent invalid, which no threshold decides (a load
-        generator that stops clients mid-request made a tenth of a window's requests errors)."""
+        cancelled), the engine failed (error) or a client sent invalid, which no threshold
+        decides (a load generator that stops clients mid-request made a tenth of a window's
+        requests cancelled)."""
         if self.ok_requests is None or self.rejected_requests is None:
             return None
         return self.ok_requests + self.rejected_requests

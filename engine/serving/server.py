@@ -390,7 +390,7 @@ class Server:
     ) -> AsyncIterator[tuple[str, str | None]]:
         """(new text, finish reason) as the engine produces them; ends the request on a stop
         string, and cancels it if the consumer goes away."""
-        finished = False
+        finished, outcome = False, "error"
         try:
             while True:
                 delta: Delta = await stream.deltas.get()
@@ -408,10 +408,13 @@ class Server:
                     return
                 if piece:
                     yield piece, None
+        except (GeneratorExit, asyncio.CancelledError):
+            outcome = "cancelled"  # the consumer went away: the client closed the request
+            raise
         finally:
             if not finished:
                 with contextlib.suppress(Exception):
-                    await self.withdraw([stream], "error")
+                    await self.withdraw([stream], outcome)
 
 
 def _digest(path: Path) -> str | None:
@@ -636,7 +639,8 @@ async def _collect_all(
         return work.result()
     except BaseException:
         work.cancel()
-        await server.withdraw([stream for stream, _ in started], "error")
+        outcome = "error" if work.done() else "cancelled"
+        await server.withdraw([stream for stream, _ in started], outcome)
         raise
     finally:
         gone.cancel()
