@@ -2,7 +2,9 @@
 
 Parameters the engine does not implement are accepted only at their neutral value
 (n = 1, no logprobs, top_p = 1, no penalties, ...); anything else is a 400 that names
-the parameter, never a silent ignore.
+the parameter, never a silent ignore. Fields this module does not know (`tools`,
+`response_format`, ...) likewise: accepted only when null, false or empty, or at the value that
+asks for nothing (`response_format` text, `tool_choice` none).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 MAX_STOP = 4
+# Fields we do not know, at the value that asks for what the engine does anyway.
+NEUTRAL_UNKNOWN: dict[str, Any] = {"response_format": {"type": "text"}, "tool_choice": "none"}
 
 
 def check_text(text: str, item: str = "") -> None:
@@ -46,7 +50,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=512)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
@@ -78,6 +82,8 @@ class SamplingFields(BaseModel):
             "frequency_penalty": self.frequency_penalty == 0.0,
             "logit_bias": not self.logit_bias,
         }
+        for name, value in (self.model_extra or {}).items():
+            checks[name] = value in (None, False, [], {}) or NEUTRAL_UNKNOWN.get(name) == value
         return next((name for name, ok in checks.items() if not ok), None)
 
     def stop_strings(self) -> list[str]:

@@ -38,6 +38,9 @@ def error(response: httpx.Response, status: int) -> str:
         (OK | {"logprobs": 2}, 400, "logprobs"),
         (OK | {"top_p": 0.5}, 400, "top_p"),
         (OK | {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        # unknown fields are refused as unsupported parameters are, unless they ask for nothing
+        (OK | {"response_format": {"type": "json_object"}}, 400, "'response_format'"),
+        (OK | {"guided_json": {"type": "object"}}, 400, "'guided_json'"),
         ({"prompt": "x"}, 400, "model"),
         ({"model": "tiny-target"}, 400, "prompt"),
     ],
@@ -46,12 +49,22 @@ def test_completion_parameters(server: Served, body: dict, status: int, says: st
     assert says in error(server.post("/v1/completions", json=body), status)
 
 
+def test_unknown_fields_that_ask_for_nothing_are_accepted(server: Served) -> None:
+    body = OK | {"response_format": {"type": "text"}, "metadata": None, "tools": []}
+    assert server.post("/v1/completions", json=body).status_code == 200
+
+
 def test_chat_parameters(server: Served) -> None:
     base = {
         "model": "tiny-target",
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 4,
     }
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    refused = error(server.post("/v1/chat/completions", json=base | {"tools": [tool]}), 400)
+    assert "'tools'" in refused  # not silently answered without tools
+    no_tools = server.post("/v1/chat/completions", json=base | {"tool_choice": "none"})
+    assert no_tools.status_code == 200
     assert "messages" in error(
         server.post("/v1/chat/completions", json=base | {"messages": []}), 400
     )
