@@ -638,8 +638,8 @@ async def _collect_all(
             raise ApiError(CLIENT_CLOSED, "the client closed the request")
         return work.result()
     except BaseException:
+        outcome = "error" if work.done() else "cancelled"  # not done: the client went away
         work.cancel()
-        outcome = "error" if work.done() else "cancelled"
         await server.withdraw([stream for stream, _ in started], outcome)
         raise
     finally:
