@@ -67,6 +67,9 @@ MIN_WINDOW_SECONDS = 10
 # A calibration window must hold this many scrapes: fewer leave each bucket's two modes a
 # handful of points (a 60 s window at the 30 s interval most clusters scrape at holds two).
 MIN_SCRAPES_PER_WINDOW = 8
+# The calibration window when the spec leaves it unset and the scrape interval is 15 s or less
+# (or not seen yet); at longer intervals, MIN_SCRAPES_PER_WINDOW of them.
+DEFAULT_WINDOW_SECONDS = 120
 # The share by which an observed scrape interval may exceed the configured one: Prometheus
 # scrapes late under load (a 30 s interval read as the median gap 30.011 s on a busy machine).
 SCRAPE_JITTER = 0.01
@@ -219,12 +222,27 @@ def min_window(interval: float | None) -> float:
     return max(MIN_WINDOW_SECONDS, 2 * interval) if interval else MIN_WINDOW_SECONDS
 
 
+def with_window(spec: SpecDeploymentSpec, interval: float | None) -> SpecDeploymentSpec:
+    """The spec with its calibration window filled in where the user left it unset: enough
+    scrapes at the `interval` observed (the last one seen, None: not yet), so that a cluster
+    scraping every 30 s needs no hand-set 240."""
+    if spec.tuning.calibrationWindowSeconds is not None:
+        return spec
+    # whole seconds: Prometheus scrapes a few ms late (30.011 s), and the window must not move
+    window = max(DEFAULT_WINDOW_SECONDS, MIN_SCRAPES_PER_WINDOW * round(interval or 0))
+    tuning = spec.tuning.model_copy(update={"calibrationWindowSeconds": window})
+    return spec.model_copy(update={"tuning": tuning})
+
+
 def window_too_short(spec: SpecDeploymentSpec, interval: float | None) -> str | None:
     """Why the spec's calibration window is refused at this scrape interval, or None. Scrapes
     run a few milliseconds late under load, so the interval is judged less SCRAPE_JITTER and
-    said to three figures: the window the message asks for is never refused for them."""
+    said to three figures: the window the message asks for is never refused for them. A
+    window left unset follows the interval (`with_window`): never too short."""
     window = spec.tuning.calibrationWindowSeconds
-    if not interval or window >= MIN_SCRAPES_PER_WINDOW * interval * (1 - SCRAPE_JITTER):
+    if window is None or not interval:
+        return None
+    if window >= MIN_SCRAPES_PER_WINDOW * interval * (1 - SCRAPE_JITTER):
         return None
     return (
         f"tuning.calibrationWindowSeconds {window} holds {window / interval:.1f} scrapes at the "

@@ -298,6 +298,7 @@ def _turn(name: str, namespace: str, memo: kopf.Memo, view: View) -> bool:
         observation,
         memo.get("exploration_lease", EXPLORATION_LEASE_SECONDS),
         memo.get("apply_error"),
+        memo.get("scrape_interval"),
     )
     if merge_patched(status, result.status) == status:
         log.debug("%s/%s: status unchanged, nothing to commit", namespace, name)

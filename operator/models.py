@@ -376,7 +376,14 @@ class SloSpec(Spec):
 
 
 class TuningSpec(Spec):
-    calibrationWindowSeconds: int = Field(120, ge=10, le=86_400)
+    calibrationWindowSeconds: int | None = Field(
+        None,
+        ge=10,
+        le=86_400,
+        description="seconds of metrics a calibration reads per phase; unset: 8 scrapes at the "
+        "interval Prometheus is seen scraping the engines, 120 at least "
+        "(status.calibrationWindowSeconds says which)",
+    )
     explorationPercent: int = Field(
         2,
         ge=0,
@@ -615,6 +622,9 @@ class SpecDeploymentStatus(BaseModel):
     perSku: list[SkuThreshold] = Field(default_factory=list)
     calibration: CalibrationStatus = Field(default_factory=CalibrationStatus)
     goodput: str | None = Field(None, description="requests per second within the SLO, fleet-wide")
+    calibrationWindowSeconds: int | None = Field(
+        None, description="the calibration window in force: the spec's, or 8 scrape intervals"
+    )
     conditions: list[Condition] = Field(default_factory=list)
 
 

@@ -113,6 +113,7 @@ def observe(
     spectune-sim) at the scrape `interval` last observed; for ready pods overdue without
     series, why, as `diagnose` finds (Prometheus's targets). Manual reads nothing: the pin
     needs no measurement."""
+    spec = autotune.with_window(spec, interval)
     unready = unready_pods(pods)
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     ready = len(live) - len(unready)
@@ -173,13 +174,17 @@ def tune(
     observation: Observation,
     lease_seconds: float,
     apply_error: str | None = None,
+    interval: float | None = None,
 ) -> Turn:
     """Step the calibration and derive the status and the engines' settings from the result.
     `rollout`: the engine Deployment's status; `apply_error`: why the last turn's children
-    were not applied, if they were not. Every engine gets the same settings, each SKU's
-    threshold in them (an engine, not the operator, knows its SKU for sure: a pod whose SKU
-    the operator had to guess once got another SKU's threshold); raised exploration goes only
-    to engines whose series Prometheus holds, since only their steps can be measured."""
+    were not applied, if they were not; `interval`: the scrape interval last seen, which sets
+    the calibration window where the spec leaves it unset. Every engine gets the same
+    settings, each SKU's threshold in them (an engine, not the operator, knows its SKU for
+    sure: a pod whose SKU the operator had to guess once got another SKU's threshold); raised
+    exploration goes only to engines whose series Prometheus holds, since only their steps can
+    be measured."""
+    spec = autotune.with_window(spec, interval)
     now = observation.now
     before = saved_state(spec, status)
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
@@ -230,6 +235,7 @@ def tune(
         "replicas": rollout.get("replicas") or 0,
         "readyReplicas": rollout.get("readyReplicas") or 0,
         "selector": render.selector_string(name),
+        "calibrationWindowSeconds": spec.tuning.calibrationWindowSeconds,
         "threshold": state.threshold.model_dump(),
         # None deletes a field in a merge patch: a crossover no longer crossed loses its
         # batch size, and its curve the buckets this measurement did not reach (nulls

@@ -55,6 +55,7 @@ class SimOperator:
             rollout,
             observation,
             self.lease_seconds,
+            interval=self.interval,
         )
         self.status = merge_patched(self.status, turn.status)
         if observation.window is not None and turn.state.calibration.phase == "Idle":

@@ -158,12 +158,20 @@ def test_service_and_pod_monitor_select_the_engine_pods() -> None:
     )
 
 
-def test_the_pod_monitors_interval_gives_the_default_window_its_scrapes() -> None:
+def test_the_default_window_holds_its_scrapes_at_the_pod_monitors_interval_and_longer() -> None:
+    """The window a user leaves unset follows the scrape interval the operator sees: 120 s at
+    the PodMonitor's 15 s, 240 s at kube-prometheus-stack's 30 s (README asked users to set
+    that by hand); a window set by hand is the user's, and refused when too short."""
     (endpoint,) = render.pod_monitor("llm", "ns")["spec"]["podMetricsEndpoints"]
     interval = float(endpoint["interval"].removesuffix("s"))
     default = parse_spec({"model": {"name": "tiny-target"}})
-    assert autotune.window_too_short(default, interval) is None
-    assert autotune.window_too_short(default, 2 * interval) is not None
+    for seen, window in ((None, 120), (interval, 120), (30.011, 240), (60.0, 480)):
+        resolved = autotune.with_window(default, seen)
+        assert resolved.tuning.calibrationWindowSeconds == window
+        assert autotune.window_too_short(resolved, seen) is None
+    by_hand = parse_spec({"model": {"name": "m"}, "tuning": {"calibrationWindowSeconds": 120}})
+    assert autotune.with_window(by_hand, 30.0) == by_hand
+    assert "holds 4.0 scrapes" in autotune.window_too_short(by_hand, 30.0)
 
 
 def test_pod_annotations_reach_the_pod_template_and_cannot_override_ours() -> None:

@@ -243,6 +243,30 @@ def test_a_window_holding_too_few_scrapes_is_refused_with_the_reason() -> None:
     assert metrics_condition(ok)["status"] == "True"
 
 
+def test_a_window_left_unset_follows_the_scrape_interval_and_status_shows_it() -> None:
+    """No window in the spec, scrapes every 30 s: the turn reads and judges 8 scrapes (240 s),
+    calibrates, and status says 240; where the scrapes come every 5 s, 120."""
+    unset = spec()
+    unset = unset.model_copy(
+        update={"tuning": unset.tuning.model_copy(update={"calibrationWindowSeconds": None})}
+    )
+    slow = window(interval=30.0)
+    t = tune("llm", unset, {}, 1, PODS, ROLLOUT, observe(0, slow), LEASE, interval=30.0)
+    assert t.status["calibrationWindowSeconds"] == 240
+    assert metrics_condition(t)["status"] == "True"
+    assert [e.reason for e in t.events] == ["CalibrationStarted"]
+    asked: list[int] = []
+
+    def read(seconds: int) -> FleetWindow:
+        asked.append(seconds)
+        return slow
+
+    observe_turn(unset, fresh(unset), PODS, T0, read, (), "{}", 30.0)
+    assert asked == [240]  # idle: one calibration window back
+    fast = tune("llm", unset, {}, 1, PODS, ROLLOUT, observe(0, window()), LEASE, interval=5.0)
+    assert fast.status["calibrationWindowSeconds"] == 120
+
+
 def test_nothing_explores_before_a_second_scrape_shows_the_interval() -> None:
     """An engine counts as scraped once its first sample is old enough, and until a second
     the scrape interval is unknown, so is whether the window holds enough scrapes: no
