@@ -163,10 +163,14 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(admin: client.ApiClient, watched: tuple[str, Operator]) -> Iterator[Fleet]:
     """One Auto deployment (one engine on a simulated H100, start threshold START, 20 s
-    calibration windows) under eight closed-loop clients for the rest of the module."""
+    calibration windows) under eight closed-loop clients for the rest of the module. Its node
+    has GPUs to spare, so it rolls with a surge pod: a k change replaces its one engine, and
+    GPU engines' default (one at a time, no surge, for full pools: test_rollout.py) would
+    leave the load a minute without an engine."""
     namespace, operator = watched
     body = specdeployment(NAME, AUTO)
     body["spec"]["tuning"]["calibrationWindowSeconds"] = FLEET_WINDOW
+    body["spec"]["engine"]["strategy"] = {"maxSurge": 1, "maxUnavailable": 0}
     create(admin, namespace, body)
     pods = wait_until("1 ready engine", lambda: all_ready(admin, namespace, NAME, 1), timeout=120)
     with Load(urls(pods), seconds=FLEET_SECONDS, requests=FLEET_REQUESTS) as load:
