@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import kopf
 
     from spectune.operator.prometheus import LabelNames
+    from spectune.operator.prometheus_access import PrometheusAccess
     from spectune.operator.render import PodMonitorSettings
 
 # The target labels naming an engine's namespace and pod (LabelNames' fields).
@@ -22,10 +23,15 @@ _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
 LABEL_VALUE = re.compile(rf"({_NAME})?")
 DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
+# An HTTP header name (RFC 9110's token).
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.command == "run" and (problems := prometheus_access(args).problems()):
+        cli.error("; ".join(problems))
     if args.command == "crd":
         from spectune.operator.crd import crd_yaml
 
@@ -63,6 +69,7 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("SPECTUNE_PROMETHEUS_URL", "http://127.0.0.1:9090"),
         help="the Prometheus that scrapes the engines (handlers get it as memo.prometheus_url)",
     )
+    _access_flags(run)
     for target in LABELS:
         run.add_argument(
             f"--prometheus-{target}-label",
@@ -125,6 +132,53 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _access_flags(run: argparse.ArgumentParser) -> None:
+    """How to reach a Prometheus that is not open (PrometheusAccess: files read per request)."""
+    files = {
+        "bearer-token-file": "a file holding a bearer token (a mounted Secret, or the "
+        "ServiceAccount's token for Thanos Querier or OpenShift's Prometheus)",
+        "basic-auth-password-file": "a file holding the basic auth password",
+        "ca-file": "a CA bundle to verify the Prometheus server with (default: the system's)",
+        "cert-file": "a client certificate to present (with --prometheus-key-file)",
+        "key-file": "the client certificate's key",
+    }
+    for flag, help_ in files.items():
+        run.add_argument(f"--prometheus-{flag}", metavar="PATH", help=help_)
+    run.add_argument("--prometheus-basic-auth-user", metavar="USER", help="the basic auth user")
+    run.add_argument(
+        "--prometheus-header",
+        dest="prometheus_headers",
+        action="append",
+        type=_header,
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header sent with every request, e.g. X-Scope-OrgID=tenant-1 for Grafana Mimir "
+        "or Cortex; repeatable (values are never logged)",
+    )
+
+
+def prometheus_access(args: argparse.Namespace) -> PrometheusAccess:
+    """The reader's TLS, credentials and headers, from the flags."""
+    from spectune.operator.prometheus_access import PrometheusAccess
+
+    return PrometheusAccess(
+        bearer_token_file=args.prometheus_bearer_token_file,
+        basic_auth_user=args.prometheus_basic_auth_user,
+        basic_auth_password_file=args.prometheus_basic_auth_password_file,
+        ca_file=args.prometheus_ca_file,
+        cert_file=args.prometheus_cert_file,
+        key_file=args.prometheus_key_file,
+        headers=tuple(args.prometheus_headers),
+    )
+
+
+def _header(value: str) -> tuple[str, str]:
+    name, eq, header = value.partition("=")
+    if not eq or not HEADER_NAME.fullmatch(name) or "\n" in header or "\r" in header:
+        raise argparse.ArgumentTypeError(f"not a header NAME=VALUE: {value.partition('=')[0]!r}")
+    return name, header
+
+
 def _positive_seconds(value: str) -> float:
     seconds = float(value)
     if not 20 <= seconds <= 86_400:  # two resyncs at least (handlers.RESYNC_SECONDS)
@@ -168,6 +222,7 @@ def handler_memo(args: argparse.Namespace) -> kopf.Memo:
 
     return kopf.Memo(
         prometheus_url=args.prometheus_url,
+        prometheus_access=prometheus_access(args),
         prometheus_labels=label_names(args),
         pod_monitors=pod_monitor_settings(args),
         scrape_annotations=args.scrape_annotations,
@@ -192,13 +247,14 @@ def _run(args: argparse.Namespace) -> int:
     lease_namespace = args.leader_election_namespace or leadership.own_namespace()
     logging.getLogger("spectune.operator").info(
         "starting: namespaces=%s leader-election=%s/%s resync=%.0fs exploration-lease=%.0fs "
-        "prometheus=%s %s metrics=%s",
+        "prometheus=%s (%s) %s metrics=%s",
         args.namespace or "all",
         lease_namespace,
         args.leader_election_lease,
         handlers.RESYNC_SECONDS,
         args.exploration_lease,
         args.prometheus_url,
+        prometheus_access(args).describe(),
         labels,
         args.metrics_address or "off",
     )

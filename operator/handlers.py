@@ -15,6 +15,7 @@ a steady fleet costs the API server nothing but the watches.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import json
@@ -30,13 +31,13 @@ from functools import cache
 from typing import Any
 
 import kopf
-from kubernetes.dynamic.exceptions import NotFoundError
 
 from spectune.operator import applying, autotune, engines, kube, logs, metrics, render, tuning
 from spectune.operator.applying import REPAIR_SECONDS
 from spectune.operator.fleet_memory import record_window
 from spectune.operator.models import GROUP, PLURAL, VERSION, SpecDeploymentSpec, parse_spec
 from spectune.operator.prometheus import PrometheusReader, Selector
+from spectune.operator.prometheus_access import OPEN, PrometheusAccess
 from spectune.operator.scraping import TargetsCache, why_unscraped
 from spectune.operator.status import merge_patched
 
@@ -99,16 +100,24 @@ def children(
     return objs
 
 
+class NotOwned(Exception):
+    """The live object of a child's name is someone else's (`applying.not_owned` says why)."""
+
+
 def _apply_child(body: dict, child: dict) -> dict:
     """Server-side apply, with an Event when it changed something: drift repaired, or the
-    desired state itself moved (a threshold, a spec edit), so the Event does not claim which."""
+    desired state itself moved (a threshold, a spec edit), so the Event does not claim which.
+    NotOwned, and nothing applied, where an object of its name is not this SpecDeployment's."""
+    meta = body["metadata"]
+    before = kube.live_metadata(child)
+    if why := applying.not_owned(child["kind"], before, meta.get("uid", ""), meta["name"]):
+        raise NotOwned(why)
     kopf.adopt(child, owner=body)
-    before = kube.resource_version(child)
     live = kube.apply(child)
     what = f"{child['kind']} {child['metadata']['name']}"
     if before is None:
         kopf.info(body, reason="Created", message=f"created {what}")
-    elif live["metadata"]["resourceVersion"] != before:
+    elif live["metadata"]["resourceVersion"] != before.get("resourceVersion"):
         kopf.info(body, reason="Updated", message=f"updated {what} to the desired state")
     return live
 
@@ -119,13 +128,14 @@ def apply_children(
     applied: dict[tuple[str, str], applying.Applied],
     live: Mapping[tuple[str, str], str | None],
     now: float,
-) -> str | None:
+) -> applying.Refusal | None:
     """Apply each child that is due (`applying.due`: `applied` is what this process applied
     last, updated here; `live` each watched child's identity), whatever another's apply did;
-    what the API server refused, as text (None: everything applied). A child it refuses (a
-    quota, an admission webhook, a field another manager owns) must not keep the engines from
-    their settings: they are pushed next, either way."""
-    refused = []
+    what was not applied and why (None: everything applied). A child it refuses (a quota, an
+    admission webhook, a field another manager owns) must not keep the engines from their
+    settings: they are pushed next, either way. Someone else's object of a child's name is
+    reason NotOwned (before any refusal of the API server's: it is the user's to act on)."""
+    refused, foreign = [], []
     for child in owned:
         key = (child["kind"], child["metadata"]["name"])
         if not applying.due(child, applied.get(key), live.get(key), now):
@@ -133,6 +143,10 @@ def apply_children(
         rendered = applying.digest(child)  # before kopf.adopt adds the owner to it
         try:
             result = _apply_child(body, child)
+        except NotOwned as err:
+            foreign.append(str(err))
+            applied.pop(key, None)
+            continue
         except Exception as err:  # the API's errors, a network one: said, not raised
             log.warning("%s %s: apply failed: %s", *key, err)
             refused.append(f"{key[0]} {key[1]}: {_reason(err)}")
@@ -140,7 +154,9 @@ def apply_children(
             continue
         seen = applying.identity(child["kind"], result["metadata"])
         applied[key] = applying.Applied(rendered, seen, now)
-    return "; ".join(refused) or None
+    if foreign:
+        return applying.Refusal("NotOwned", "; ".join(foreign + refused))
+    return applying.Refusal("ApplyFailed", "; ".join(refused)) if refused else None
 
 
 def _reason(err: Exception) -> str:
@@ -153,8 +169,8 @@ def _reason(err: Exception) -> str:
 
 
 @cache
-def prometheus(url: str) -> PrometheusReader:
-    return PrometheusReader(url)
+def prometheus(url: str, access: PrometheusAccess) -> PrometheusReader:
+    return PrometheusReader(url, access=access)
 
 
 @cache
@@ -175,7 +191,7 @@ def observe(
     """Read this SpecDeployment's engines from Prometheus (blocking: the daemon's thread)."""
     names = tuple(sorted(p["metadata"]["name"] for p in pods))
     selector = Selector(namespace, names, memo.prometheus_labels)
-    reader = prometheus(memo.prometheus_url)
+    reader = prometheus(memo.prometheus_url, memo.get("prometheus_access", OPEN))
     interval = memo.get("scrape_interval")
     seen = tuning.observe(
         spec,
@@ -211,23 +227,30 @@ def push(memo: kopf.Memo, name: str, namespace: str, targets: tuple[tuning.Targe
                 memo.token = None
 
 
-def ensure_token(body: dict, memo: kopf.Memo, now: float) -> None:
+def ensure_token(body: dict, memo: kopf.Memo, now: float) -> str | None:
     """The engines' admin token in `memo.token`: generated once, never overwritten. Read once
     and checked again every REPAIR_SECONDS (a Secret deleted by hand is made anew: the
-    engines' pods mount it), not created every turn (a POST that answered 409)."""
+    engines' pods mount it), not created every turn (a POST that answered 409). A Secret of
+    its name that is not this SpecDeployment's is not read: why, as `applying.not_owned`
+    says (the engines are then not pushed to), else None."""
     if memo.get("token") is not None and now - memo.get("token_at", 0.0) < REPAIR_SECONDS:
-        return
-    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        return None
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
     secret = render.child_names(name)["token"]
-    try:
-        memo.token = kube.secret_value(namespace, secret, render.TOKEN_KEY)
-    except NotFoundError:
+    found = kube.get("v1", "Secret", namespace, secret)
+    if found is None:
         token = render.token_secret(name, namespace, secrets.token_urlsafe(32))
         kopf.adopt(token, owner=body)
         if kube.create_if_absent(token):
             kopf.info(body, reason="Created", message=f"created Secret {secret} (admin token)")
-        memo.token = kube.secret_value(namespace, secret, render.TOKEN_KEY)
+        found = kube.get("v1", "Secret", namespace, secret) or {}
+    if why := applying.not_owned("Secret", found.get("metadata"), meta.get("uid", ""), name):
+        memo.token = None
+        return why
+    memo.token = base64.b64decode((found.get("data") or {})[render.TOKEN_KEY]).decode()
     memo.token_at = now
+    return None
 
 
 class Running:
@@ -285,7 +308,7 @@ def _turn(name: str, namespace: str, memo: kopf.Memo, view: View) -> bool:
     desired = parse_spec(body["spec"])
     status = body.get("status") or {}
     now = datetime.now(UTC).replace(microsecond=0)
-    ensure_token(body, memo, now.timestamp())
+    foreign_token = ensure_token(body, memo, now.timestamp())
     state = tuning.saved_state(desired, status)
     observation = observe(memo, name, namespace, desired, state, view.pods, now)
     result = tuning.tune(
@@ -326,8 +349,11 @@ def _turn(name: str, namespace: str, memo: kopf.Memo, view: View) -> bool:
     )
     applied = memo.setdefault("applied", {})
     error = apply_children(body, owned, applied, view.children, now.timestamp())
+    if foreign_token is not None:
+        more = [foreign_token] + ([error.message] if error is not None else [])
+        error = applying.Refusal("NotOwned", "; ".join(more))
     if error is not None and error != memo.get("apply_error"):
-        kopf.warn(body, reason="ApplyFailed", message=error)
+        kopf.warn(body, reason=error.reason, message=error.message)
     memo.apply_error = error  # the next turn's Degraded condition says so
     push(memo, name, namespace, result.engines)
     log.debug("%s/%s: turn done (%s)", namespace, name, result.state.calibration.phase)

@@ -3,7 +3,6 @@ manager, so re-applying is idempotent and undoes hand edits of the fields we own
 
 from __future__ import annotations
 
-import base64
 import os
 import tempfile
 import threading
@@ -70,14 +69,15 @@ def _resource(obj: dict[str, Any]) -> Resource:
     return resource(obj["apiVersion"], obj["kind"])
 
 
-def resource_version(obj: dict[str, Any]) -> str | None:
-    """The live object's resourceVersion, or None when it does not exist."""
+def live_metadata(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The live object's metadata (owners, labels, resourceVersion), or None when it does not
+    exist."""
     meta = obj["metadata"]
     try:
         live = _resource(obj).get(name=meta["name"], namespace=meta.get("namespace"))
     except NotFoundError:
         return None
-    return live.metadata.resourceVersion
+    return live.to_dict()["metadata"]
 
 
 def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -144,10 +144,3 @@ def api_available(api_version: str, kind: str) -> bool:
     except ResourceNotFoundError:
         return False
     return True
-
-
-def secret_value(namespace: str, name: str, key: str) -> str:
-    """One key of a Secret, decoded (the engines' admin token: never log it)."""
-    secrets = resource("v1", "Secret")
-    data = secrets.get(name=name, namespace=namespace).to_dict().get("data") or {}
-    return base64.b64decode(data[key]).decode()

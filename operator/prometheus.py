@@ -34,6 +34,7 @@ from spectune.operator.observations import (
     LabelNames,
     MetricsUnavailable,
 )
+from spectune.operator.prometheus_access import OPEN, PrometheusAccess
 from spectune.operator.scraping import ScrapeTarget
 from spectune.operator.window import (
     BATCH_FIGURES,
@@ -87,15 +88,22 @@ class PrometheusReader:
         warm_up_seconds: float = 15.0,
         timeout_seconds: float = 10.0,
         client: PrometheusConnect | None = None,
+        access: PrometheusAccess = OPEN,
     ) -> None:
         """`stale_after_seconds`: an engine whose info series was last scraped longer ago
         is left out (a few scrape intervals); `warm_up_seconds`: so is one whose info series
         had no sample that long ago (about two scrape intervals, so its counters have two
-        points). Retries are the caller's, with back-off."""
+        points); `access`: TLS, credentials and headers. Retries are the caller's, with
+        back-off."""
         self.stale_after = stale_after_seconds
         self.warm_up = warm_up_seconds
         self.client = client or PrometheusConnect(
-            url=url, retry=Retry(total=0), timeout=timeout_seconds
+            url=url,
+            headers=dict(access.headers) or None,
+            retry=Retry(total=0),
+            auth=access.auth(),
+            session=access.session(),
+            timeout=timeout_seconds,
         )
 
     def _query(

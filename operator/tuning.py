@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from spectune.operator import autotune, render
+from spectune.operator.applying import Refusal
 from spectune.operator.autotune import Event, Observation, State
 from spectune.operator.models import Condition, SpecDeploymentSpec, SpecDeploymentStatus
 from spectune.operator.observations import FleetWindow, MetricsUnavailable, Traffic
@@ -173,7 +174,7 @@ def tune(
     rollout: Mapping[str, Any],
     observation: Observation,
     lease_seconds: float,
-    apply_error: str | None = None,
+    apply_error: Refusal | None = None,
     interval: float | None = None,
 ) -> Turn:
     """Step the calibration and derive the status and the engines' settings from the result.
@@ -221,9 +222,11 @@ def tune(
     if observation.error:
         why = f"{observation.blind[:300]}: threshold kept"
         conditions = degraded(conditions, observation.error_reason, why, now, previous)
-    if apply_error:
-        why = f"the API server refused the engines' objects: {apply_error}"
-        conditions = degraded(conditions, "ApplyFailed", why, now, previous)
+    if apply_error is not None:
+        why = apply_error.message
+        if apply_error.reason == "ApplyFailed":
+            why = f"the API server refused the engines' objects: {why}"
+        conditions = degraded(conditions, apply_error.reason, why, now, previous)
     if spec.speculation.threshold.mode != "Manual":
         metrics = metrics_available(spec, observation, ready, previous)
         conditions.append(metrics)

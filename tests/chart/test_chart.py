@@ -50,6 +50,7 @@ INVALID_FIELDS = {
     "namespace-uppercase.yaml": "/operator/watchNamespaces/0",
     "prometheus-url-no-scheme.yaml": "/operator/prometheusUrl",
     "engine-image-no-repository.yaml": "/engine/image/repository",
+    "prometheus-auth-secret-without-key.yaml": "/operator/prometheusAuth/bearerToken",
 }
 
 
@@ -324,3 +325,69 @@ def test_resources_take_quantities_as_numbers_too(tmp_path: Path) -> None:
     rendered = _container(render(values))["resources"]
     assert rendered["requests"] == resources["requests"]
     assert rendered["limits"]["cpu"] == 2  # beside the chart's default memory limit
+
+
+def test_prometheus_credentials_come_from_secrets_mounted_as_the_flags_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61, item 8: each credential is a Secret mounted read-only, the flag names the
+    mounted file, and the operator's own parser takes the flags the chart renders."""
+    from spectune.operator import cli
+
+    auth = {
+        "basicAuth": {"username": "spectune", "password": {"name": "prom", "key": "pw"}},
+        "ca": {"name": "prom-ca", "key": "ca.pem"},
+        "clientCertificate": "prom-client",
+        "headers": {"X-Scope-OrgID": "team-a: b"},
+    }
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"operator": {"prometheusAuth": auth}}))
+    objs = render(values)
+    container = _container(objs)
+    flags = [a for a in container["args"] if a.startswith("--prometheus-") and "url" not in a]
+    base = "/etc/spectune/prometheus"
+    assert flags == [
+        "--prometheus-basic-auth-user=spectune",
+        f"--prometheus-basic-auth-password-file={base}/basic-auth/password",
+        f"--prometheus-ca-file={base}/ca/ca.crt",
+        f"--prometheus-cert-file={base}/client/tls.crt",
+        f"--prometheus-key-file={base}/client/tls.key",
+        "--prometheus-header=X-Scope-OrgID=team-a: b",
+    ]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    expected = {
+        "prometheus-basic-auth": ("prom", [{"key": "pw", "path": "password"}]),
+        "prometheus-ca": ("prom-ca", [{"key": "ca.pem", "path": "ca.crt"}]),
+        "prometheus-client": (
+            "prom-client",
+            [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+        ),
+    }
+    for name, (secret, items) in expected.items():
+        assert volumes[name]["secret"] == {"secretName": secret, "items": items}
+        assert mounts[name]["readOnly"] is True
+        assert mounts[name]["mountPath"] == f"{base}/{name.removeprefix('prometheus-')}"
+    assert set(mounts) == {"tmp", *expected}
+    seen = []
+    monkeypatch.setattr(cli, "_run", lambda args: seen.append(cli.prometheus_access(args)))
+    monkeypatch.setattr("pathlib.Path.is_file", lambda self: True)  # the files are in the pod
+    cli.main(["run", *flags])
+    assert seen[0].headers == (("X-Scope-OrgID", "team-a: b"),)
+    assert seen[0].cert_file == f"{base}/client/tls.crt"
+
+    token = tmp_path / "token.yaml"
+    token.write_text(
+        yaml.safe_dump({"operator": {"prometheusAuth": {"bearerToken": {"name": "t", "key": "k"}}}})
+    )
+    args = _container(render(token))["args"]
+    assert f"--prometheus-bearer-token-file={base}/bearer-token/token" in args
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        yaml.safe_dump(
+            {"operator": {"prometheusAuth": {**auth, "bearerToken": {"name": "t", "key": "k"}}}}
+        )
+    )
+    out = helm(*template_args(both), check=False)
+    assert out.returncode != 0
+    assert "bearerToken and basicAuth cannot both be set" in out.stderr

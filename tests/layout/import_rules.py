@@ -68,6 +68,7 @@ IO = (
     "spectune.operator.handlers",
     "spectune.operator.kube",
     "spectune.operator.prometheus",
+    "spectune.operator.prometheus_access",
 )
 
 

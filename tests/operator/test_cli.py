@@ -11,6 +11,7 @@ import pytest
 
 from spectune.operator import cli
 from spectune.operator.prometheus import LabelNames
+from spectune.operator.prometheus_access import PrometheusAccess
 
 
 def memo(*argv: str) -> kopf.Memo:
@@ -54,3 +55,47 @@ def test_the_engine_image_flag_reaches_the_handlers_and_is_unset_by_default() ->
     """Unset, the handlers run render.ENGINE_IMAGE (the chart always sets the flag)."""
     assert memo().engine_image is None
     assert memo("--engine-image", "reg.example/engine:2").engine_image == "reg.example/engine:2"
+
+
+def test_prometheus_access_flags_reach_the_reader(tmp_path) -> None:
+    """Issue 61, item 8: only an open Prometheus could be read."""
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("t0k3n\n")
+    ca.write_text("-")
+    given = memo(
+        f"--prometheus-bearer-token-file={token}",
+        f"--prometheus-ca-file={ca}",
+        "--prometheus-header=X-Scope-OrgID=tenant-1",
+        "--prometheus-header",
+        "X-Extra=a=b",
+    )
+    access = given.prometheus_access
+    assert access.bearer_token_file == str(token) and access.ca_file == str(ca)
+    assert access.headers == (("X-Scope-OrgID", "tenant-1"), ("X-Extra", "a=b"))
+    assert memo().prometheus_access == PrometheusAccess()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["--prometheus-bearer-token-file={f}", "--prometheus-basic-auth-user=u",
+             "--prometheus-basic-auth-password-file={f}"],
+            "a bearer token and basic auth cannot both be used",
+        ),
+        (["--prometheus-basic-auth-user=u"], "basic auth needs both a user and a password file"),
+        (["--prometheus-cert-file={f}"], "a client certificate needs both its certificate"),
+        (["--prometheus-ca-file=/no/such/ca.crt"], "CA file /no/such/ca.crt: no such file"),
+        (["--prometheus-header=Bad Name=1"], "not a header NAME=VALUE: 'Bad Name'"),
+    ],
+)  # fmt: skip
+def test_unusable_prometheus_access_is_one_readable_line(
+    argv: list[str], said: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", *(a.format(f=f) for a in argv)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("error:") == 1, err

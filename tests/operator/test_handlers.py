@@ -38,8 +38,35 @@ def test_a_refused_child_is_said_and_the_others_are_still_applied(monkeypatch) -
     books: dict = {}
     error = handlers.apply_children({"metadata": {"name": "llm"}}, owned(), books, {}, 0.0)
     assert applied == ["ConfigMap", "Service"]
-    assert error == "Deployment llm: deployments.apps is forbidden: exceeded quota"
+    assert error == applying.Refusal(
+        "ApplyFailed", "Deployment llm: deployments.apps is forbidden: exceeded quota"
+    )
     assert set(books) == {("ConfigMap", "llm-engine-config"), ("Service", "llm")}
+
+
+def test_someone_elses_object_is_left_alone_and_named(monkeypatch) -> None:
+    """Issue 61, item 6: a forced apply and kopf.adopt took over a user's Deployment of the
+    SpecDeployment's name (and garbage collection deleted it with the SpecDeployment). Now
+    it is not applied, the others are, and the refusal names it with reason NotOwned."""
+    users = {"name": "llm", "resourceVersion": "5", "labels": {"app": "mine"}}
+    applied: list[str] = []
+
+    def live(child: dict) -> dict | None:
+        return users if child["kind"] == "Deployment" else None
+
+    def apply(child: dict) -> dict:
+        applied.append(child["kind"])
+        return child | {"metadata": child["metadata"] | {"resourceVersion": "7"}}
+
+    monkeypatch.setattr(handlers.kube, "live_metadata", live)
+    monkeypatch.setattr(handlers.kube, "apply", apply)
+    monkeypatch.setattr(handlers.kopf, "info", lambda *a, **k: None)
+    body = {"apiVersion": "spectune.io/v1alpha1", "kind": "SpecDeployment"}
+    body["metadata"] = {"name": "llm", "namespace": "ns", "uid": "u-1"}
+    error = handlers.apply_children(body, owned(), {}, {}, 0.0)
+    assert applied == ["ConfigMap", "Service"]
+    assert error is not None and error.reason == "NotOwned"
+    assert error.message.startswith("Deployment llm exists and was not made by this")
 
 
 def test_a_child_is_applied_only_when_its_content_or_the_live_object_moved(monkeypatch) -> None:

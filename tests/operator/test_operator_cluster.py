@@ -143,6 +143,62 @@ def test_delete_garbage_collects_children(admin, operator, namespace) -> None:
     )
 
 
+def test_a_users_deployment_of_its_name_is_left_alone(admin, operator, namespace) -> None:
+    """Issue 61, item 6: a forced apply and an owner reference took over a user's Deployment
+    of the SpecDeployment's name, and deleting the SpecDeployment deleted it. Now it is left
+    as it was, the SpecDeployment says why (Degraded NotOwned, a warning Event), its other
+    children are made, and deleting it leaves the user's Deployment."""
+    apps, core = client.AppsV1Api(admin), client.CoreV1Api(admin)
+    labels = {"app": "mine"}
+    users = {
+        "metadata": {"name": "llm", "labels": labels},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "web", "image": "example.org/mine:1"}]},
+            },
+        },
+    }
+    before = apps.create_namespaced_deployment(namespace, users)
+    create(admin, namespace, specdeployment("llm"))
+    degraded = wait_until(
+        "Degraded NotOwned",
+        lambda: (
+            (c := sd_condition(admin, namespace, "llm", "Degraded")).get("reason") == "NotOwned"
+            and c
+        ),
+    )
+    assert degraded["status"] == "True"
+    assert "Deployment llm exists and was not made by this SpecDeployment" in degraded["message"]
+    wait_until(
+        "the ConfigMap made all the same",
+        lambda: get_or_none(core.read_namespaced_config_map, "llm-engine-config", namespace),
+    )
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=llm").items
+    warned = [e for e in events if e.reason == "NotOwned"]
+    assert warned and warned[0].type == "Warning" and "left alone" in warned[0].message
+    live = apps.read_namespaced_deployment("llm", namespace)
+    assert live.metadata.owner_references is None
+    assert live.metadata.generation == before.metadata.generation
+    assert live.spec.template.spec.containers[0].image == "example.org/mine:1"
+    assert "spectune-operator" not in {f.manager for f in live.metadata.managed_fields}
+
+    client.CustomObjectsApi(admin).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "llm"
+    )
+    wait_until(
+        "the ConfigMap garbage-collected",
+        lambda: (
+            get_or_none(core.read_namespaced_config_map, "llm-engine-config", namespace) is None
+        ),
+        timeout=120,
+    )
+    kept = apps.read_namespaced_deployment("llm", namespace)
+    assert kept.metadata.uid == before.metadata.uid and kept.metadata.deletion_timestamp is None
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -8,6 +8,7 @@ import dataclasses
 from datetime import timedelta
 
 from spectune.operator import autotune, render
+from spectune.operator.applying import Refusal
 from spectune.operator.observations import FleetWindow, MetricsUnavailable
 from spectune.operator.tuning import exploration_lease, saved_state, tune
 from spectune.operator.tuning import observe as observe_turn
@@ -364,9 +365,10 @@ def test_a_decision_that_raises_still_rolls_back_at_the_verification_deadline(
 
 def test_children_the_api_server_refused_degrade_the_deployment_with_the_reason() -> None:
     """Issue 59, K: a failed apply was a log line only."""
-    why = "Deployment llm: exceeded quota"
-    t = tune("llm", spec(), {}, 1, PODS, ROLLOUT, observe(0, window()), LEASE, why)
-    degraded = next(c for c in t.status["conditions"] if c["type"] == "Degraded")
-    assert (degraded["status"], degraded["reason"]) == ("True", "ApplyFailed")
-    assert why in degraded["message"]
-    assert len(t.engines) == 2  # the engines are told all the same
+    for reason in ("ApplyFailed", "NotOwned"):
+        why = Refusal(reason, "Deployment llm: exceeded quota")
+        t = tune("llm", spec(), {}, 1, PODS, ROLLOUT, observe(0, window()), LEASE, why)
+        degraded = next(c for c in t.status["conditions"] if c["type"] == "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", reason)
+        assert why.message in degraded["message"]
+        assert len(t.engines) == 2  # the engines are told all the same
