@@ -197,6 +197,9 @@ class TemplateContainer(Spec):
     volumeMounts: list[dict[str, Any]] = _free_list("merged by mountPath", 32, "mountPath")
     resources: Resources | None = None
     securityContext: dict[str, Any] | None = _free("merged over the restricted default")
+    lifecycle: dict[str, Any] | None = _free(
+        "replaces the default preStop, a 10 s sleep while endpoints stop routing to the pod"
+    )
     image: str | None = Field(None, description="refused: spec.engine.image")
     command: list[str] | None = Field(None, description="refused: the operator's")
     args: list[str] | None = Field(None, description="refused: the operator's")
@@ -233,6 +236,14 @@ class TemplatePodSpec(Spec):
     securityContext: dict[str, Any] | None = _free("merged over the restricted default")
     runtimeClassName: str | None = Field(None, max_length=253)
     priorityClassName: str | None = Field(None, max_length=253)
+    terminationGracePeriodSeconds: int | None = Field(
+        None,
+        ge=0,
+        le=86_400,
+        description="default 60: the preStop's 10 s, then up to 30 s for in-flight requests",
+    )
+    topologySpreadConstraints: list[dict[str, Any]] = _free_list("as a pod's", 16)
+    initContainers: list[dict[str, Any]] = _free_list("merged by name", 16, "name")
 
 
 class TemplateMetadata(Spec):

@@ -35,13 +35,11 @@ ENGINE_LABEL = "spectune-engine"
 # The engine image an empty spec.engine.image runs: the operator's --engine-image, which the
 # chart sets from its engine.image value.
 ENGINE_IMAGE = f"ghcr.io/spectune/spectune-engine:{version('spectune')}"
-# Pod Security "restricted" (the image's user is 10001); a template's securityContext is
-# merged over these.
+# Pod Security "restricted"; a template's securityContext is merged over these. No UID, GID or
+# fsGroup: the image's user (10001:10001) runs where the platform assigns none, and where it
+# does (OpenShift's restricted SCC, from the namespace's range) a fixed one would be refused.
 POD_SECURITY = {
     "runAsNonRoot": True,
-    "runAsUser": 10001,
-    "runAsGroup": 10001,
-    "fsGroup": 10001,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 CONTAINER_SECURITY = {
@@ -67,11 +65,18 @@ CPU_ENGINE_REQUESTS: dict[str, int | str] = {"cpu": "1", "memory": "2Gi"}
 # lists (tolerations, envFrom) are replaced whole.
 MERGE_KEYS = {
     "containers": "name",
+    "initContainers": "name",
     "volumes": "name",
     "env": "name",
     "volumeMounts": "mountPath",
     "imagePullSecrets": "name",
 }
+# A stopping engine keeps serving this long before it is sent SIGTERM: the time endpoints,
+# kube-proxy and ingresses take to stop routing to it (a request routed in that window would
+# otherwise be refused). Then the server stops accepting and finishes what it holds (its
+# drain, 30 s by default) within the grace period. A sleep action: no binary in the image.
+PRE_STOP_SECONDS = 10
+TERMINATION_GRACE_SECONDS = 60
 CONFIG_HASH_ANNOTATION = "spectune.io/start-config-hash"
 # The engine applies these from its watched config file without a restart.
 RELOADED_SPECULATION = frozenset({"threshold", "thresholds", "hysteresis", "exploration", "lease"})
@@ -274,17 +279,20 @@ def _requests(engine: EngineSpec) -> dict[str, int | str]:
 
 def _pod_defaults(spec: SpecDeploymentSpec) -> dict[str, Any]:
     """What a template may change: security contexts, resources, node selection, scratch
-    volumes."""
+    volumes, the preStop and the grace period."""
     container = {
         "name": "engine",
         "securityContext": CONTAINER_SECURITY,
         "resources": _resources(_requests(spec.engine), spec.engine.resources.limits),
         "volumeMounts": [{"name": name, "mountPath": path} for name, path, _ in SCRATCH_VOLUMES],
     }
+    given = spec.engine.template.spec.containers
+    if not (given and given[0].lifecycle):  # a template's lifecycle replaces it, not merged
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}}
     pod: dict[str, Any] = {
         "containers": [container],
         "securityContext": POD_SECURITY,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "volumes": [{"name": name, "emptyDir": source} for name, _, source in SCRATCH_VOLUMES],
     }
     if spec.engine.nodeSelector:

@@ -316,6 +316,9 @@ def test_the_default_pod_meets_pod_security_restricted() -> None:
     pod = pod_of(CLAIMED)["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # issue 61, item 7: no fixed UID, GID or fsGroup, which OpenShift's restricted SCC refuses
+    # outside the namespace's range (it assigns one); elsewhere the image's user 10001 runs
+    assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(pod["securityContext"])
     security = pod["containers"][0]["securityContext"]
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
@@ -392,6 +395,35 @@ def test_a_template_is_merged_into_the_pod_and_the_defaults_it_does_not_name_sta
         **render.CONTAINER_SECURITY,
         "readOnlyRootFilesystem": True,
     }
+
+
+def test_a_stopping_engine_keeps_serving_until_endpoints_let_it_go() -> None:
+    """Issue 61, item 4: nothing waited for endpoint removal, and the template refused the
+    drain and placement fields. By default a preStop sleep outlasts endpoint propagation within
+    the grace period; a template sets the grace period, replaces the preStop (not merged into
+    it: a handler has one action), spreads the pods and adds init containers."""
+    default = pod_of(SPEC)["spec"]
+    (container,) = default["containers"]
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": render.PRE_STOP_SECONDS}}}
+    drain = ServeSettings().drain_timeout_s
+    assert render.PRE_STOP_SECONDS + drain < default["terminationGracePeriodSeconds"]
+    spread = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+               "whenUnsatisfiable": "ScheduleAnyway",
+               "labelSelector": {"matchLabels": render.selector("llm")}}]  # fmt: skip
+    init = [{"name": "fetch", "image": "busybox", "command": ["true"]}]
+    hook = {"preStop": {"exec": {"command": ["/bin/sh", "-c", "sleep 25"]}}}
+    template = {
+        "spec": {
+            "terminationGracePeriodSeconds": 120,
+            "topologySpreadConstraints": spread,
+            "initContainers": init,
+            "containers": [{"name": "engine", "lifecycle": hook}],
+        }
+    }
+    pod = pod_of(changed(engine__template=template))["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 120
+    assert pod["topologySpreadConstraints"] == spread and pod["initContainers"] == init
+    assert pod["containers"][0]["lifecycle"] == hook
 
 
 def test_the_operators_own_fields_win_over_a_template() -> None:
