@@ -257,6 +257,7 @@ EOF
     --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
     --service-cluster-ip-range 127.0.192.0/20 \
     --authorization-mode Node,RBAC \
+    --enable-admission-plugins OwnerReferencesPermissionEnforcement \
     --client-ca-file "$pki/ca.crt" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --service-account-issuer "$api" \

@@ -7,7 +7,8 @@
 #   namespaces);
 # - beside both, at nice 10, every test that needs neither the cluster nor a Go-built tool, so
 #   that the engines behind the cluster's pods keep their modelled clocks;
-# - then the cluster's restart test alone (it takes the cluster down and up);
+# - then the cluster's restart test alone (it takes the cluster down and up), and the RBAC
+#   evidence: the chart's rules against what the lanes' operators called (the audit log);
 # - then the image tests (marker `images`): both images built with podman (hack/images.sh) and
 #   run, the operator's against the cluster; alone, since a build takes both cores.
 # The cluster comes up first when a lane needs it and is not up (and goes down at the end), so
@@ -35,6 +36,9 @@ if needs_cluster "$@" && ! hack/cluster.sh status >/dev/null 2>&1; then
   started=1
 fi
 
+# The RBAC evidence test (restart lane) reads what the operators called from here on.
+SPECTUNE_TESTS_SINCE="$(date -u +%Y-%m-%dT%H:%M:%S+00:00)"
+export SPECTUNE_TESTS_SINCE
 echo "test: lanes at once: wiring (below), autotune and, at nice 10, the tests that need no cluster (their output follows)"
 nice -n 10 "$pytest" -p no:cacheprovider -m "not cluster and not tools and not images" "$@" \
   >"$out/beside" 2>&1 &

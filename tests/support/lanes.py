@@ -5,7 +5,8 @@ The cluster tests spend most of their time waiting on calibration windows and sc
 the CPU, so two of them at once take little longer than one. Their operators watch only the
 namespaces their own tests create (start_operator insists), so neither lane's operator
 reconciles the other's SpecDeployments. The restart test takes the cluster down and up, so it
-has a lane of its own, run after the others."""
+has a lane of its own, run after the others, as is the RBAC evidence, which reads what the
+others' operators called."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 # lane -> what it holds; a test is in the first lane one of whose patterns its node id matches.
 # autotune: the autotuner's two longest end-to-end modules, about as long as all the rest.
 LANES = {
-    "restart": ("tests/cluster/test_restart.py::*",),
+    "restart": ("tests/cluster/test_restart.py::*", "tests/operator/test_rbac_evidence.py::*"),
     "autotune": (
         "tests/operator/test_autotune_cluster.py::*",
         "tests/operator/test_autotune_lifecycle.py::*",
@@ -35,7 +36,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--lane",
         choices=sorted(LANES),
-        help="run only this lane's tests: restart (the cluster's restart test), autotune (the "
+        help="run only this lane's tests: restart (the cluster's restart test and the RBAC "
+        "evidence from the others' audit log), autotune (the "
         "autotuner's two longest end-to-end modules) or wiring (every other test)",
     )
 
