@@ -38,6 +38,7 @@ def fixed_shapes(server: Served) -> float:
     return total(parse(server.get("/metrics").text), contract.FIXED_SHAPES)
 
 
+@pytest.mark.slow  # about 11 s: a server on eager Flex, warmed up
 def test_the_gauge_counts_the_fixed_shapes_built(flex_server) -> None:
     built = fixed_shapes(flex_server)
     assert built > 0  # the warm-up's generations ran some

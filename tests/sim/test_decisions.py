@@ -74,6 +74,7 @@ def test_a_raise_that_meets_poorer_drafting_is_rolled_back() -> None:
     assert [p.threshold for p in turned.thresholds if p.at_s <= after[1].at_s][-1] == 24
 
 
+@pytest.mark.slow  # about 11 s: 15 minutes of a busy pod under each policy
 def test_when_load_then_drafting_fall_auto_serves_more_than_any_fixed_threshold() -> None:
     """The claim Auto exists for, end to end. A busy pod drafting at 0.7 a token; at 4 minutes
     (of 15) the load halves, at 6 drafting falls to 0.25. Speculation meets the 15 ms TPOT SLO

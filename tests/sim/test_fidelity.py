@@ -142,6 +142,7 @@ def test_replayed_acceptance_costs_every_step_the_same(tiny_pair, floor, explora
 
 # (threshold, TPOT SLO): the SLO near the real run's median TPOT, so that goodput tells
 # requests apart
+@pytest.mark.slow  # 9-12 s each: 192 requests through the real engine
 @pytest.mark.parametrize(
     ("threshold", "tpot_s"), [(None, 0.033), (0, 0.077)], ids=["speculating", "plain"]
 )
