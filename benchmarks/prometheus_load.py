@@ -528,7 +528,7 @@ class Operator:
             f"namespace {d.namespace}, pods of {d.name}", self.intervals.get(d.name),
         )  # fmt: skip
         read = time.perf_counter()
-        turn = tuning.tune(d.name, spec, {}, 1, pods, rollout, seen, {}, EXPLORATION_LEASE_SECONDS)
+        turn = tuning.tune(d.name, spec, {}, 1, pods, rollout, seen, EXPLORATION_LEASE_SECONDS)
         decided = time.perf_counter()
         self.intervals[d.name] = seen.scrape_interval_or(self.intervals.get(d.name))
         engines, steps = (seen.window.engines, seen.window.steps) if seen.window else ({}, {})
