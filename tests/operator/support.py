@@ -152,6 +152,7 @@ def start_operator(
     extra: Sequence[str] = (),
     lease: str | None = None,
     server: str | None = None,
+    make_lease: bool = True,
 ) -> OperatorProcess:
     """The operator as a new ServiceAccount bound to `rules`, once the API server applies them.
     `instance` picks its liveness port: operators running at once need different ones. It
@@ -161,7 +162,8 @@ def start_operator(
     make test runs another lane's tests at once (tests/support/lanes.py), whose SpecDeployments
     an operator watching every namespace would reconcile beside their own operators.
     `server`: the API server's address in its kubeconfig, a plain-HTTP proxy in front of it
-    (tests/operator/stall_proxy.py) instead of the API server itself. Its ServiceAccount's
+    (tests/operator/stall_proxy.py) instead of the API server itself. `make_lease=False`
+    leaves the Lease for it to make, as where no chart made it. Its ServiceAccount's
     name is its log's stem."""
     assert "--namespace" in extra, "a test's operator watches only its tests' namespaces"
     name = f"spectune-operator-{uuid.uuid4().hex[:6]}"
@@ -174,7 +176,8 @@ def start_operator(
     with cluster.api(kubeconfig) as as_operator:  # the new binding reaches the authorizer
         wait_until("the operator's RBAC", lambda: _can_list(as_operator))
     # released, as the chart makes it at install: a missing one is taken 15 s later
-    Leases(OPERATOR_NS, lease or name, admin).create_released()
+    if make_lease:
+        Leases(OPERATOR_NS, lease or name, admin).create_released()
     liveness = f"http://127.0.0.1:{8000 + instance}/healthz"
     args = ["--leader-election-lease", lease or name, "--liveness", liveness,
             "--log-level", log_level, *extra]  # fmt: skip

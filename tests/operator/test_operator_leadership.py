@@ -33,6 +33,7 @@ from .support import (
     all_ready,
     create,
     get_or_none,
+    get_sd,
     patch_sd,
     specdeployment,
     start_operator,
@@ -177,6 +178,29 @@ def test_a_leader_exits_at_once_on_sigterm_and_releases_its_lease(
         assert not holder(admin, replicas.lease)  # released: no holder
     finally:
         replicas.stop_all()
+
+
+def test_an_operator_that_finds_no_lease_makes_it_and_acts(
+    cluster, admin, tmp_path, namespace
+) -> None:
+    """The chart makes the Lease at install; an operator run without one (by hand, or after
+    `kubectl delete lease`) makes it itself, a lease duration after it found it missing, and
+    then acts. (The RBAC evidence, tests/operator/test_rbac_evidence.py, counts on this test
+    for `create leases`.)"""
+    lease = f"missing-{uuid.uuid4().hex[:6]}"
+    rules = yaml.safe_load(RULES.read_text())
+    extra = ["--namespace", namespace]
+    operator = start_operator(
+        cluster, admin, tmp_path, rules, extra=extra, lease=lease, make_lease=False
+    )
+    try:
+        assert holder(admin, lease) is None
+        taken = wait_until("the Lease made and held", lambda: holder(admin, lease), timeout=60)
+        assert taken == identity(operator)
+        create(admin, namespace, specdeployment("llm", replicas=0))
+        wait_until("its turn's status", lambda: get_sd(admin, namespace, "llm").get("status"))
+    finally:
+        operator.stop()
 
 
 # --- a leader cut off: the stalling proxy in front of the API server, the audit log ----------
