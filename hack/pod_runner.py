@@ -19,8 +19,12 @@ real engines at the pods' IPs exactly as they would in a cluster:
 - engines run on the CPU (SPECTUNE_DEVICE=cpu, which a pod's env overrides): the nodes' GPUs
   are fake; `env` values, ConfigMap/Secret key references and the pod's
   name, namespace, IP and node name as field references are passed on;
-- an engine that exits is restarted with a back-off (restartPolicy Always), one whose pod goes
-  away or changes IP is stopped (SIGTERM, then SIGKILL after --stop-timeout);
+- an engine that exits is restarted with a back-off (restartPolicy Always); one whose pod goes
+  away or changes IP is stopped as a kubelet stops a container: its preStop `sleep` first (it
+  keeps serving meanwhile, while routing lets it go), then SIGTERM, then SIGKILL at the end of
+  the pod's terminationGracePeriodSeconds; a new pod given the IP of an engine still stopping
+  (kwok hands a freed IP out again at once, where a CNI would wait for the old sandbox) starts
+  once that engine is gone;
 - with --simulate-gpus (or SPECTUNE_SIMULATE_GPUS=1 in its environment), every engine runs on
   a simulated GPU: the SKU of its node's `nvidia.com/gpu.product` label, as a GPU driver makes
   the node's device visible (engine/simulated_device.py), slowed by --simulate-time-scale;
@@ -95,6 +99,8 @@ class EngineSpec:
     port: int
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    pre_stop_s: float = 0.0  # the container's preStop sleep
+    grace_s: float = 30.0  # the pod's terminationGracePeriodSeconds
 
 
 @dataclass(frozen=True)
@@ -120,15 +126,19 @@ class Engine:
     readiness: Readiness = Readiness(False)
     failures: int = 0
     last_exit: str = ""
+    waiting: str = ""  # why it has not started: the address is still another engine's
 
 
 @dataclass
 class Stopping:
-    """An engine told to stop, to be killed if it outlives its deadline."""
+    """An engine told to stop: SIGTERM at `term_at` (its preStop sleep over; None once sent),
+    SIGKILL if it outlives its deadline."""
 
     proc: subprocess.Popen[bytes]
     deadline: float
     label: str
+    address: tuple[str, int]
+    term_at: float | None = None
 
 
 class SkipPod(Exception):
@@ -408,6 +418,10 @@ class Runner:
         argv = strip_flags(list(container.command or []) + list(container.args or []))
         argv = rewrite_paths(argv, mounts)
         full = (self.engine, "serve", *argv, "--host", ip, "--port", str(port.container_port))
+        grace = pod.spec.termination_grace_period_seconds
+        grace = 30.0 if grace is None else float(grace)
+        pre_stop = container.lifecycle.pre_stop if container.lifecycle else None
+        sleep = pre_stop.sleep.seconds if pre_stop is not None and pre_stop.sleep else 0
         spec = EngineSpec(
             uid=pod.metadata.uid,
             namespace=pod.metadata.namespace,
@@ -416,6 +430,8 @@ class Runner:
             port=port.container_port,
             argv=full,
             env=tuple(sorted((self.gpu_env(pod) | self.env_of(pod, container)).items())),
+            pre_stop_s=min(float(sleep), grace),
+            grace_s=grace,
         )
         return spec, files, container.name
 
@@ -479,31 +495,49 @@ class Runner:
             spec.namespace, spec.name, spec.host, spec.port, engine.proc.pid,
         )  # fmt: skip
 
-    def stop(self, engine: Engine, why: str) -> None:
-        """Ask an engine to drain and stop; reap() kills it if it does not."""
+    def stop(self, engine: Engine, why: str, graceful: bool = True) -> None:
+        """Ask an engine to drain and stop, as a kubelet would (`graceful`): after its preStop
+        sleep, within its grace period; else SIGTERM now, killed after --stop-timeout. reap()
+        sends what is due."""
         proc, spec = engine.proc, engine.spec
         engine.proc = None
         if proc is None or proc.poll() is not None:
             return
-        log.info("stopping engine for %s/%s (%s)", spec.namespace, spec.name, why)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
+        now = time.monotonic()
+        pre_stop = spec.pre_stop_s if graceful else 0.0
+        deadline = now + (spec.grace_s if graceful else self.stop_timeout)
+        log.info(
+            "stopping engine for %s/%s (%s)%s", spec.namespace, spec.name, why,
+            f" after its {pre_stop:.0f} s preStop sleep" if pre_stop else "",
+        )  # fmt: skip
         label = f"{spec.namespace}/{spec.name}"
-        self.stopping.append(Stopping(proc, time.monotonic() + self.stop_timeout, label))
+        stopping = Stopping(proc, deadline, label, (spec.host, spec.port), now + pre_stop)
+        self.stopping.append(stopping)
+        self.reap()
 
     def reap(self) -> None:
-        """Forget engines that have stopped; kill those past their deadline."""
+        """Forget engines that have stopped; SIGTERM those whose preStop is over; kill those
+        past their deadline."""
         left = []
+        now = time.monotonic()
         for s in self.stopping:
             if s.proc.poll() is not None:
                 continue
-            if time.monotonic() > s.deadline:
+            if now > s.deadline:
                 log.warning("killing engine for %s: it did not stop in time", s.label)
                 s.proc.kill()
                 s.proc.wait()
                 continue
+            if s.term_at is not None and now >= s.term_at:
+                with contextlib.suppress(ProcessLookupError):
+                    s.proc.send_signal(signal.SIGTERM)
+                s.term_at = None
             left.append(s)
         self.stopping = left
+
+    def held(self, spec: EngineSpec) -> bool:
+        """Whether an engine still stopping listens on this engine's address."""
+        return any(s.address == (spec.host, spec.port) for s in self.stopping)
 
     def sync(self) -> None:
         """One pass: start, restart, update and stop engines to match the pods, and write back
@@ -525,7 +559,10 @@ class Runner:
                 engine.files = files
             if engine.proc is not None and (code := engine.proc.poll()) is not None:
                 self.exited(engine, code, now)
-            if engine.proc is None and now >= engine.next_start:
+            engine.waiting = ""
+            if engine.proc is None and self.held(spec):
+                engine.waiting = f"{spec.host}:{spec.port} is still a stopping engine's"
+            elif engine.proc is None and now >= engine.next_start:
                 self.start(engine)
             self.report(engine, status)
         self.reap()
@@ -567,6 +604,9 @@ class Runner:
             if engine.readiness.ready:
                 engine.last_exit = ""
             state = {"running": {"startedAt": engine.started_at}}
+        elif engine.waiting:
+            engine.readiness = Readiness(False, "ContainerCreating", engine.waiting)
+            state = {"waiting": {"reason": "ContainerCreating", "message": engine.waiting}}
         else:
             state = {"waiting": {"reason": "CrashLoopBackOff", "message": engine.last_exit}}
         patch = status_patch(
@@ -592,7 +632,7 @@ class Runner:
     def shutdown(self) -> None:
         """Stop every engine and wait for them (bounded by the stop timeout)."""
         for uid in list(self.engines):
-            self.stop(self.engines.pop(uid), "runner stopping")
+            self.stop(self.engines.pop(uid), "runner stopping", graceful=False)
         while self.stopping:
             self.reap()
             time.sleep(0.1)
